@@ -1,0 +1,39 @@
+# sglang-dflash: install, serve, test.  Every target installs what it needs first.
+PY      ?= python3.11
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+PIP     := $(VPY) -m pip
+STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml setup.py 2>/dev/null | sha1sum | cut -c1-12)
+PORT    ?= 30000
+SERVE_DIR ?= $(HOME)/.cache/sglang_dflash/serve
+export OMP_NUM_THREADS ?= 1
+export SGLANG_USE_CPU_ENGINE ?= 1
+
+.PHONY: install serve test test-fast clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "sglang==0.5.23" pytest pytest-timeout requests
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+	@rm -f $(VENV)/.installed-*; touch $@
+
+# A real sglang.launch_server with DFLASH served by our worker (tiny generated models until the
+# embedded real model lands). Override MODEL=... DRAFT=... PORT=... to serve your own.
+serve: install
+	$(VPY) -m sglang_dflash.testing.serve_assets $(SERVE_DIR)
+	$(VPY) -m sglang_dflash.launch \
+	  --model-path $(or $(MODEL),$(SERVE_DIR)/target) \
+	  --speculative-draft-model-path $(or $(DRAFT),$(SERVE_DIR)/drafter) \
+	  --port $(PORT) --host 127.0.0.1 $(ARGS)
+
+test: install
+	$(VPY) -m pytest -q -x --timeout=1800 python_tests $(PYTEST_ARGS)
+
+test-fast: install
+	$(VPY) -m pytest -q python_tests -m "not server" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,127 @@
+"""Unit tests of the plain-torch stages: config, block, draft (vs a dense reference), accept, verify."""
+import json
+
+import pytest
+import torch
+
+from sglang_dflash.accept import accept_block
+from sglang_dflash.block import block_slots, build_block
+from sglang_dflash.config import (DrafterConfigError, check_against_target, default_target_layer_ids,
+                                  hf_hidden_state_index, parse_drafter_config)
+from sglang_dflash.draft import draft_block
+from sglang_dflash.draft_kv import DraftKVCache
+from sglang_dflash.model.drafter import DFlashDrafter, apply_rope, rope_cos_sin
+from sglang_dflash.projection import committed_rows, write_context
+from sglang_dflash.verify import target_tokens
+
+
+def cfg_dict(**kw):
+    c = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "head_dim": 8, "intermediate_size": 64, "vocab_size": 50, "block_size": 4,
+         "dflash_config": {"mask_token_id": 49, "target_layer_ids": [0, 2]}}
+    c.update(kw)
+    return c
+
+
+def test_layer_id_convention():
+    # z-lab: Qwen3-8B (36 layers) with 5 draft layers -> [1, 9, 17, 25, 33]
+    assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+    assert default_target_layer_ids(30, 1) == [15]
+    assert hf_hidden_state_index(1) == 2  # the output of layer 1 is HF hidden_states[2]
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"block_size": 1}, "block_size"),
+    ({"dflash_config": {"target_layer_ids": [0]}}, "mask token"),
+    ({"dflash_config": {"mask_token_id": 1, "target_layer_ids": [0, 9]}}, "target_layer_ids"),
+    ({"hidden_size": "x"}, "hidden_size"),
+])
+def test_bad_config_names_field(change, field):
+    with pytest.raises(DrafterConfigError, match=field):
+        parse_drafter_config(cfg_dict(**change), target_num_layers=4)
+
+
+def test_config_against_target():
+    cfg = parse_drafter_config(cfg_dict(), 4)
+    check_against_target(cfg, hidden_size=32, vocab_size=50, max_block_size=16)
+    with pytest.raises(DrafterConfigError, match="hidden_size"):
+        check_against_target(cfg, hidden_size=64, vocab_size=50, max_block_size=16)
+    with pytest.raises(DrafterConfigError, match="vocab_size"):
+        check_against_target(cfg, hidden_size=32, vocab_size=51, max_block_size=16)
+    with pytest.raises(DrafterConfigError, match="block_size"):
+        check_against_target(cfg, hidden_size=32, vocab_size=50, max_block_size=2)
+    old = parse_drafter_config(cfg_dict(dflash_config={"target_layer_ids": [1]}, mask_token="<m>"), 4)
+    assert old.mask_token == "<m>" and old.mask_token_id is None
+
+
+def test_block_and_slots():
+    ids, pos = build_block(torch.tensor([7, 8]), torch.tensor([3, 5]), 4, 99)
+    assert ids.tolist() == [[7, 99, 99, 99], [8, 99, 99, 99]]
+    assert pos.tolist() == [[3, 4, 5, 6], [5, 6, 7, 8]]
+    r2t = torch.arange(40).view(2, 20).flip(0)
+    assert block_slots(r2t, torch.tensor([1, 0]), torch.tensor([3, 5]), 2).tolist() == [[3, 4], [25, 26]]
+
+
+def test_accept_longest_prefix_plus_bonus():
+    draft = torch.tensor([[5, 1, 2, 3], [5, 9, 2, 3], [5, 1, 2, 3]])
+    target = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 7, 4]])
+    acc, commit, bonus, out = accept_block(draft, target)
+    assert acc.tolist() == [3, 0, 2] and commit.tolist() == [4, 1, 3] and bonus.tolist() == [4, 1, 7]
+    assert committed_rows(commit, 4).tolist() == [0, 1, 2, 3, 4, 8, 9, 10]
+
+
+def test_verify_greedy_and_filters():
+    logits = torch.randn(2 * 3, 10)
+    assert torch.equal(target_tokens(logits, 3), logits.argmax(-1).view(2, 3))
+    # top_k=1 rows stay greedy even when sampling is requested
+    t = target_tokens(logits, 3, torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0]),
+                      torch.tensor([1, 1]), torch.tensor([0.0, 0.0]))
+    assert torch.equal(t, logits.argmax(-1).view(2, 3))
+    # top_p tiny -> the argmax only
+    t = target_tokens(logits, 3, torch.tensor([2.0, 2.0]), torch.tensor([1e-6, 1e-6]),
+                      torch.tensor([-1, -1]), torch.tensor([0.0, 0.0]))
+    assert torch.equal(t, logits.argmax(-1).view(2, 3))
+
+
+def dense_reference(model, feats, ctx_pos, x, blk_pos):
+    """z-lab-style dense math for ONE request: K/V = cat(context, block), non-causal."""
+    cfg = model.cfg
+    ctx = model.hidden_norm(model.fc(feats))
+    cc, cs = rope_cos_sin(ctx_pos, cfg.head_dim, cfg.rope_theta)
+    bc, bs_ = rope_cos_sin(blk_pos, cfg.head_dim, cfg.rope_theta)
+    for layer in model.layers:
+        a = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = apply_rope(a.q_norm(a.q_proj(h).view(-1, cfg.num_heads, cfg.head_dim)), bc, bs_)
+        k = torch.cat([apply_rope(a.k_norm(a.k_proj(ctx).view(-1, cfg.num_kv_heads, cfg.head_dim)), cc, cs),
+                       apply_rope(a.k_norm(a.k_proj(h).view(-1, cfg.num_kv_heads, cfg.head_dim)), bc, bs_)])
+        v = torch.cat([a.v_proj(ctx), a.v_proj(h)]).view(-1, cfg.num_kv_heads, cfg.head_dim)
+        rep = cfg.num_heads // cfg.num_kv_heads
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        att = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) / cfg.head_dim ** 0.5, -1)
+        o = torch.einsum("hqk,khd->qhd", att, v).reshape(x.shape[0], -1)
+        x = x + a.o_proj(o)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return model.norm(x)
+
+
+def test_paged_draft_matches_dense_reference():
+    torch.manual_seed(0)
+    cfg = parse_drafter_config(cfg_dict(), 4)
+    model = DFlashDrafter(cfg).eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    emb = torch.nn.Embedding(50, 32)
+    cache = DraftKVCache(2, 64, 2, 8, torch.float32, "cpu")
+    lens, B = [5, 9], 4
+    slots = torch.randperm(64)
+    feats = [torch.randn(n, 64) for n in lens]
+    ctx_slots = [slots[:5], slots[10:19]]
+    for f, s in zip(feats, ctx_slots):
+        write_context(model, cache, f, torch.arange(len(s)), s)
+    ids, pos = build_block(torch.tensor([3, 4]), torch.tensor(lens), B, 49)
+    out = draft_block(model, cache, emb, emb.weight, 50, ids, pos, ctx_slots)
+    for i, n in enumerate(lens):
+        ref = dense_reference(model, feats[i], torch.arange(n), emb(ids[i]), pos[i])
+        ref_tok = (ref[1:] @ emb.weight.t()).argmax(-1)
+        assert out[i, 0] == ids[i, 0] and torch.equal(out[i, 1:], ref_tok)

@@ -1,0 +1,1 @@
+"""DFlash block-diffusion speculative decoding as an SGLang plugin."""

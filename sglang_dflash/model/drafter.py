@@ -1,0 +1,127 @@
+"""The DFlash drafter: Qwen3-style decoder layers with no embedding and no LM head of their own.
+
+Plain torch. The target's embedding and LM head are borrowed by the caller (see draft.py).
+Attention is delegated to a callable so the same layers run over the paged draft KV on any device.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from sglang_dflash.config import DrafterConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * x32).to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float):
+    """positions [T] -> cos, sin [T, head_dim] (neox layout: two halves)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.float()[:, None] * inv[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, head_dim]; cos/sin [T, head_dim] -> rotated x (neox style)."""
+    half = x.shape[-1] // 2
+    x32 = x.float()
+    rot = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
+    return (x32 * cos[:, None, :] + rot * sin[:, None, :]).to(x.dtype)
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
+        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def context_kv(self, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """ctx [T, H] projected context -> K, V [T, kv_heads, head_dim] (k_norm + RoPE on K)."""
+        t = ctx.shape[0]
+        k = self.k_norm(self.k_proj(ctx).view(t, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(ctx).view(t, self.num_kv_heads, self.head_dim)
+        return apply_rope(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, cos, sin, attend) -> torch.Tensor:
+        """x [N, H] block rows (N = bs * B); attend(q, k_blk, v_blk) -> [N, heads, head_dim]."""
+        n = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim))
+        q = apply_rope(q, cos, sin)
+        k, v = self.context_kv(x, cos, sin)
+        out = attend(q, k, v)
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+
+
+class DrafterMLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DrafterAttention(cfg)
+        self.mlp = DrafterMLP(cfg)
+
+    def forward(self, x, cos, sin, attend):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """Weights named as in z-lab checkpoints: layers.N.*, norm, fc, hidden_norm."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(DrafterLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.fc = nn.Linear(cfg.num_context_layers * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def project_features(self, features: torch.Tensor) -> torch.Tensor:
+        """features [T, K*H] (target hidden states at target_layer_ids) -> context [T, H]."""
+        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor):
+        """features [T, K*H], positions [T] -> K, V [L, T, kv_heads, head_dim] for every layer."""
+        ctx = self.project_features(features)
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        ks, vs = zip(*(layer.self_attn.context_kv(ctx, cos, sin) for layer in self.layers))
+        return torch.stack(ks), torch.stack(vs)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attend_for_layer) -> torch.Tensor:
+        """x [N, H] embedded block rows, positions [N] -> normed hidden [N, H].
+
+        attend_for_layer(i) returns the attention callable of layer i (context + block, non-causal).
+        """
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, attend_for_layer(i))
+        return self.norm(x)

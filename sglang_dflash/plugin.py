@@ -1,0 +1,84 @@
+"""Entry point for SGLang's ``sglang.srt.plugins`` group (runs in every SGLang process).
+
+Registers, lazily and idempotently:
+- DFLASH -> our worker (``SGLANG_DFLASH_IMPL=builtin`` hands it back to SGLang's own worker);
+- DFLASH on CPU (SGLang's argument check refuses non-GPU devices for its own worker);
+- TARGET_VERIFY batches on the torch_native attention backend (it only knows EXTEND/DECODE);
+- CPU stand-ins for the sgl_kernel functions SGLang imports, when the real ones cannot load.
+"""
+import logging
+import os
+
+logger = logging.getLogger("sglang_dflash")
+
+IMPL_ENV = "SGLANG_DFLASH_IMPL"
+
+
+def use_ours() -> bool:
+    impl = os.environ.get(IMPL_ENV, "ours").strip().lower()
+    if impl not in ("ours", "builtin"):
+        raise ValueError(f"{IMPL_ENV}={impl!r}: expected 'ours' (default) or 'builtin'")
+    return impl == "ours"
+
+
+def _create_worker(original, self, server_args):
+    if self.is_dflash() and use_ours():
+        from sglang_dflash.worker import DFlashWorker
+
+        return DFlashWorker
+    return original(self, server_args)
+
+
+def _handle_dflash(original, server_args):
+    """Resolve DFLASH server arguments for our worker (SGLang's own resolver refuses CPU)."""
+    if not use_ours():
+        return original(server_args)
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+
+    from sglang_dflash.config import read_block_size
+
+    cfg = resolving_view(server_args)
+    if cfg.pp_size != 1:
+        raise ValueError("DFLASH (sglang_dflash) supports --pp-size 1 only")
+    if cfg.speculative_draft_model_path is None:
+        raise ValueError("DFLASH needs --speculative-draft-model-path (a DFlash drafter checkpoint)")
+    block = cfg.speculative_dflash_block_size or cfg.speculative_num_draft_tokens
+    if block is None:
+        block = read_block_size(cfg.speculative_draft_model_path)
+    decisions = dict(speculative_num_steps=1, speculative_eagle_topk=1,
+                     speculative_num_draft_tokens=int(block),
+                     # Our worker runs each step synchronously: no overlapped scheduling.
+                     disable_overlap_schedule=True)
+    if cfg.max_running_requests is None:
+        decisions["max_running_requests"] = 48
+    declare_resolution(server_args, "sglang_dflash", **decisions)
+
+
+def _torch_native_forward_extend(original, self, q, k, v, layer, forward_batch, save_kv_cache=True):
+    if forward_batch.forward_mode.is_target_verify():
+        from sglang_dflash.verify_backend import torch_native_verify
+
+        return torch_native_verify(self, q, k, v, layer, forward_batch, save_kv_cache)
+    return original(self, q, k, v, layer, forward_batch, save_kv_cache)
+
+
+_registered = False
+
+
+def register():
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_dflash.cpu_shims import install_cpu_shims
+
+    install_cpu_shims()
+    HookRegistry.register("sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker",
+                          _create_worker, HookType.AROUND)
+    HookRegistry.register("sglang.srt.arg_groups.speculative_hook._handle_dflash",
+                          _handle_dflash, HookType.AROUND)
+    HookRegistry.register(
+        "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend",
+        _torch_native_forward_extend, HookType.AROUND)

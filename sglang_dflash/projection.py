@@ -1,0 +1,24 @@
+"""Stage: target features -> projected context -> drafter KV rows at the target's slot ids."""
+from __future__ import annotations
+
+import torch
+
+from sglang_dflash.draft_kv import DraftKVCache
+from sglang_dflash.model.drafter import DFlashDrafter
+
+
+@torch.inference_mode()
+def write_context(drafter: DFlashDrafter, cache: DraftKVCache, features: torch.Tensor,
+                  positions: torch.Tensor, slots: torch.Tensor) -> None:
+    """features [T, K*H] target hidden states at target_layer_ids; positions [T]; slots [T]."""
+    if slots.numel() == 0:
+        return
+    k, v = drafter.context_kv(features, positions)  # [L, T, kv_heads, head_dim] each
+    cache.write(k, v, slots)
+
+
+def committed_rows(commit_lens: torch.Tensor, block: int) -> torch.Tensor:
+    """commit_lens [bs] -> flat row indices [sum(commit_lens)] into a [bs*B] verify block."""
+    cols = torch.arange(block, device=commit_lens.device)
+    keep = cols[None, :] < commit_lens[:, None]
+    return keep.reshape(-1).nonzero().squeeze(1)

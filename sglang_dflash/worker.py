@@ -1,0 +1,192 @@
+"""Our DFLASH speculative worker: the one module that drives the stages through SGLang's scheduler.
+
+prefill:  target extend (aux features captured) -> projection -> drafter KV at the prompt's slots
+decode:   block -> one non-causal draft forward -> one target TARGET_VERIFY forward -> accept
+          -> commit the accepted rows' context K/V (the block's other rows are simply overwritten
+          by later writes to the same slots).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.runtime_context import get_spec
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
+
+from sglang_dflash.accept import accept_block
+from sglang_dflash.block import block_slots, build_block
+from sglang_dflash.config import check_against_target, load_drafter_config
+from sglang_dflash.draft import draft_block
+from sglang_dflash.draft_kv import DraftKVCache
+from sglang_dflash.model.loader import load_drafter
+from sglang_dflash.projection import committed_rows, write_context
+from sglang_dflash.startup import resolve_mask_token_id
+from sglang_dflash.verify import target_tokens
+
+logger = logging.getLogger("sglang_dflash")
+
+MAX_BLOCK_SIZE = 64
+
+
+class DFlashWorker(BaseSpecWorker):
+    def __init__(self, server_args, gpu_id, nccl_port, target_worker):
+        super().__init__()
+        self.server_args = server_args
+        self._target_worker = target_worker
+        self._draft_worker = None
+        self.model_runner = target_worker.model_runner
+        self.device = target_worker.device
+        runner = self.model_runner
+        text_cfg = runner.model_config.hf_text_config
+        path = get_spec().speculative_draft_model_path
+        self.cfg = load_drafter_config(path, int(text_cfg.num_hidden_layers))
+        self.block_size = int(get_spec().speculative_num_draft_tokens or self.cfg.block_size)
+        if not 2 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(f"--speculative-dflash-block-size={self.block_size} must be in [2, {MAX_BLOCK_SIZE}]")
+        self.vocab_size = int(runner.model_config.vocab_size)
+        check_against_target(self.cfg, hidden_size=int(text_cfg.hidden_size), vocab_size=self.vocab_size,
+                             max_block_size=MAX_BLOCK_SIZE)
+        self.mask_token_id = resolve_mask_token_id(self.cfg, server_args.tokenizer_path or server_args.model_path,
+                                                   self.vocab_size)
+        self._check_capture_layers(runner.model)
+        self.drafter = load_drafter(path, self.cfg, runner.dtype, str(self.device))
+        self.draft_kv = None
+        self.timings = {"draft": 0.0, "verify": 0.0, "kv_write": 0.0}
+        logger.info("DFLASH served by sglang_dflash (ours): block_size=%d (drafter trained %d), "
+                    "drafter layers=%d, target_layer_ids=%s, mask_token_id=%d, dtype=%s, device=%s",
+                    self.block_size, self.cfg.block_size, self.cfg.num_layers, self.cfg.target_layer_ids,
+                    self.mask_token_id, runner.dtype, self.device)
+
+    def _check_capture_layers(self, model):
+        want = [i + 1 for i in self.cfg.target_layer_ids]  # SGLang captures the input of layer id+1
+        inner = getattr(model, "model", None)
+        have = list(getattr(inner, "layers_to_capture", []) or [])
+        if not have and hasattr(model, "set_dflash_layers_to_capture"):
+            model.set_dflash_layers_to_capture(self.cfg.target_layer_ids)
+        elif have != want:
+            raise ValueError(f"target captures layers {have} but the drafter needs {want} "
+                             f"(target_layer_ids={self.cfg.target_layer_ids})")
+        if not getattr(model, "capture_aux_hidden_states", False):
+            raise ValueError(f"target architecture {type(model).__name__} cannot capture DFlash features")
+
+    # ---- SGLang worker interface -------------------------------------------------------------
+    @property
+    def draft_worker(self):
+        return None
+
+    def __getattr__(self, name):
+        if name == "_target_worker":
+            raise AttributeError(name)
+        return getattr(self._target_worker, name)
+
+    def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None,
+                          token_to_kv_pool_allocator=None):
+        num_slots = int(self.model_runner.token_to_kv_pool.get_key_buffer(0).shape[0])
+        self.draft_kv = DraftKVCache(self.cfg.num_layers, num_slots, self.cfg.num_kv_heads,
+                                     self.cfg.head_dim, self.model_runner.dtype, str(self.device))
+
+    def init_attention_backends(self):
+        pass
+
+    def init_cuda_graphs(self):
+        pass
+
+    def clear_cache_pool(self):
+        pass
+
+    # ---- one scheduler step ------------------------------------------------------------------
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None,
+                                 pp_proxy_tensors=None) -> GenerationBatchResult:
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            return self._prefill(batch, on_publish)
+        if batch.spec_info is None:
+            batch.spec_info = DFlashDraftInputV2.create_idle_input(device=self.device)
+        if batch.forward_mode.is_idle() or batch.batch_size() == 0:
+            empty = torch.empty((0,), dtype=torch.int64, device=self.device)
+            nxt = make_draft_input_v2(bonus_tokens=empty, new_seq_lens=empty)
+            if on_publish is not None:
+                on_publish(nxt.new_seq_lens)
+            return GenerationBatchResult(next_token_ids=empty, accept_lens=empty.to(torch.int32),
+                                         next_draft_input=nxt, speculative_num_draft_tokens=self.block_size,
+                                         new_seq_lens=nxt.new_seq_lens)
+        return self._decode(batch, on_publish)
+
+    def _prefill(self, batch, on_publish):
+        out = self._target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
+        out.new_seq_lens = batch.seq_lens
+        if on_publish is not None:
+            on_publish(out.new_seq_lens)
+        features = out.logits_output.hidden_states
+        if features is None:
+            raise RuntimeError("DFLASH prefill got no target features; the target did not capture aux layers")
+        t0 = time.perf_counter()
+        dev = features.device
+        positions = torch.cat([torch.arange(p, p + n, device=dev)
+                               for p, n in zip(batch.prefix_lens, batch.extend_lens)])
+        write_context(self.drafter, self.draft_kv, features, positions, batch.out_cache_loc.to(torch.int64))
+        self.timings["kv_write"] += time.perf_counter() - t0
+        out.logits_output.hidden_states = None
+        out.next_draft_input = make_draft_input_v2(bonus_tokens=out.next_token_ids, new_seq_lens=batch.seq_lens)
+        return out
+
+    def _decode(self, batch, on_publish):
+        B = self.block_size
+        target_model = self.model_runner.model
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        prefix = batch.seq_lens
+        bonus = batch.spec_info.bonus_tokens
+        block_ids, positions = build_block(bonus, prefix, B, self.mask_token_id)
+        slots = block_slots(req_to_token, batch.req_pool_indices, prefix, B)  # [bs, B]
+        rpi = batch.req_pool_indices.tolist()
+        ctx = [req_to_token[r, :p].to(torch.int64) for r, p in zip(rpi, prefix.tolist())]
+
+        t0 = time.perf_counter()
+        draft = draft_block(self.drafter, self.draft_kv, target_model.model.embed_tokens,
+                            target_model.lm_head.weight, self.vocab_size, block_ids, positions, ctx)
+        t1 = time.perf_counter()
+
+        verify_input = DFlashVerifyInput(draft_token=draft.reshape(-1), positions=positions.reshape(-1),
+                                         draft_token_num=B, custom_mask=None,
+                                         capture_hidden_mode=CaptureHiddenMode.FULL)
+        batch.out_cache_loc = slots.reshape(-1)
+        saved = (batch.seq_lens_cpu, batch.seq_lens_sum)
+        if batch.seq_lens_cpu is not None:
+            batch.seq_lens_cpu = batch.seq_lens_cpu + B
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        fb, _ = verify_input.prepare_for_verify(batch, self._target_worker)
+        batch.seq_lens_cpu, batch.seq_lens_sum = saved
+        target_out = self._target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
+        logits_output = target_out.logits_output
+        sinfo = batch.sampling_info
+        if sinfo is None or sinfo.is_all_greedy:
+            tokens = target_tokens(logits_output.next_token_logits, B)
+        else:
+            tokens = target_tokens(logits_output.next_token_logits, B, sinfo.temperatures, sinfo.top_ps,
+                                   sinfo.top_ks, sinfo.min_ps)
+        accept, commit, new_bonus, out_tokens = accept_block(draft, tokens)
+        new_seq_lens = prefix + commit.to(prefix.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        t2 = time.perf_counter()
+
+        rows = committed_rows(commit, B)
+        features = logits_output.hidden_states
+        write_context(self.drafter, self.draft_kv, features[rows], positions.reshape(-1)[rows],
+                      slots.reshape(-1)[rows])
+        logits_output.hidden_states = None
+        t3 = time.perf_counter()
+        self.timings["draft"] += t1 - t0
+        self.timings["verify"] += t2 - t1
+        self.timings["kv_write"] += t3 - t2
+        nxt = make_draft_input_v2(bonus_tokens=new_bonus, new_seq_lens=new_seq_lens)
+        return GenerationBatchResult(logits_output=logits_output, next_token_ids=out_tokens.reshape(-1),
+                                     accept_lens=commit.to(torch.int32), can_run_cuda_graph=False,
+                                     next_draft_input=nxt, speculative_num_draft_tokens=B,
+                                     new_seq_lens=new_seq_lens)
