@@ -21,6 +21,15 @@ trees only; DFlash verifies a linear block). The stand-in registers no
 probes (Intel AMX backend, fused qk-norm, ...) stay False and it keeps its
 pure-torch paths; ``from sgl_kernel import <anything else>`` raises ImportError
 exactly as when the package is missing.
+
+Other start-up obstacles, handled or noted here:
+  * spawn children import sgl_kernel before they load plugins: see _ShimsOnUnpickle.
+  * ``sglang.Engine`` (offline) imports sgl_kernel when the attribute is first
+    touched, before ``Engine.__init__`` loads plugins: scripts must call
+    ``install_cpu_shims()`` before using ``sglang.Engine``.
+  * Model files that read ``torch.ops.sgl_kernel.<op>`` at import (qwen3_5, grok,
+    minicpmv, ...) fail to import; SGLang's model registry logs "Ignore import
+    error" and skips them. Llama and Qwen3 are unaffected.
 """
 
 from __future__ import annotations

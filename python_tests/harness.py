@@ -1,0 +1,151 @@
+"""Test harness: start one real SGLang server at a time, send requests, compare with plain decoding."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import requests
+
+from sglang_dflash.launch import CPU_ENV, CPU_FLAGS
+
+PY = sys.executable
+LOG_DIR = os.environ.get("SGLANG_DFLASH_TEST_LOGS", os.path.join(tempfile.gettempdir(), "sglang_dflash_logs"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, proc, url, log_path):
+        self.proc, self.url, self.log_path = proc, url, log_path
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def generate(self, input_ids, max_new_tokens=32, timeout=600, **sampling):
+        body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0,
+                                                             **sampling}}
+        r = requests.post(self.url + "/generate", json=body, timeout=timeout)
+        r.raise_for_status()
+        return r.json()
+
+    def post(self, path, body, timeout=600):
+        return requests.post(self.url + path, json=body, timeout=timeout)
+
+
+def server_cmd(model: str, draft: str | None, dtype: str, extra: list[str]) -> list[str]:
+    flags = dict(CPU_FLAGS)
+    flags["--max-total-tokens"] = "8192"
+    args = ["--model-path", model, "--dtype", dtype, "--host", "127.0.0.1", "--disable-cuda-graph",
+            "--random-seed", "0", "--log-level", "info"]
+    for k, v in flags.items():
+        if k not in extra:
+            args += [k, v]
+    if draft is None:
+        return [PY, "-m", "sglang.launch_server", *args, *extra]
+    return [PY, "-m", "sglang_dflash.launch", *args, "--speculative-draft-model-path", draft, *extra]
+
+
+@contextlib.contextmanager
+def launch(model: str, draft: str | None = None, dtype: str = "float32", extra: list[str] = (),
+           env: dict | None = None, name: str = "server", startup_timeout: float = 300):
+    os.makedirs(LOG_DIR, exist_ok=True)
+    port = free_port()
+    log_path = os.path.join(LOG_DIR, f"{name}-{port}.log")
+    full_env = {**os.environ, **CPU_ENV, **(env or {})}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(server_cmd(model, draft, dtype, list(extra)) + ["--port", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+    srv = Server(proc, f"http://127.0.0.1:{port}", log_path)
+    try:
+        deadline = time.time() + startup_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode} during start-up:\n{srv.log()[-4000:]}")
+            try:
+                if requests.get(srv.url + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.time() > deadline:
+                raise TimeoutError(f"server not healthy after {startup_timeout}s:\n{srv.log()[-4000:]}")
+            time.sleep(1)
+        yield srv
+    finally:
+        stop(proc)
+
+
+def stop(proc):
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_failing(model: str, draft: str, dtype="float32", extra=(), timeout=240):
+    """Start a DFLASH server expected to fail at start-up; return (exit code, combined output)."""
+    port = free_port()
+    p = subprocess.run(server_cmd(model, draft, dtype, list(extra)) + ["--port", str(port)],
+                       env={**os.environ, **CPU_ENV}, capture_output=True, text=True, timeout=timeout,
+                       start_new_session=True)
+    return p.returncode, p.stdout + p.stderr
+
+
+def prompts(n=32, seed=0, vocab=(3, 380), max_len=300):
+    """n token-id prompts of mixed lengths (1 .. max_len), deterministic."""
+    rng = random.Random(seed)
+    lens = [1, 2, 5, max_len] + [rng.randint(3, max_len) for _ in range(n - 4)]
+    return [[rng.randrange(*vocab) for _ in range(L)] for L in lens[:n]]
+
+
+def generate_all(srv: Server, batch, max_new_tokens=32, workers=32, **kw):
+    """Send every prompt concurrently; returns the JSON responses in order."""
+    with cf.ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(lambda p: srv.generate(p, max_new_tokens, **kw), batch))
+
+
+def reference(srv: Server, batch, max_new_tokens=32):
+    """Plain-decoding outputs plus the target's top-2 logprobs at every generated position."""
+    outs = generate_all(srv, batch, max_new_tokens)
+    refs = []
+    for p, o in zip(batch, outs):
+        r = srv.post("/generate", {"input_ids": p, "return_logprob": True, "top_logprobs_num": 2,
+                                   "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}).json()
+        assert r["output_ids"] == o["output_ids"], "plain decoding is not deterministic"
+        gaps = [abs(t[0][0] - t[1][0]) for t in r["meta_info"]["output_top_logprobs"]]
+        refs.append({"output_ids": o["output_ids"], "gaps": gaps})
+    return refs
+
+
+def assert_lossless(refs, outs, tie: float):
+    """Token-identical, except at a numerical tie of the target (top-2 gap < tie) at the first diff."""
+    for i, (ref, out) in enumerate(zip(refs, outs)):
+        got, want = out["output_ids"], ref["output_ids"]
+        if got == want:
+            continue
+        j = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        gap = ref["gaps"][j] if j < len(ref["gaps"]) else float("inf")
+        print(f"prompt {i}: first difference at output position {j}; target top-2 gap {gap:.3g}")
+        assert gap < tie, f"prompt {i}: DFLASH differs from plain decoding at {j} (gap {gap} >= {tie})"
+
+
+def dump_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f)
