@@ -8,6 +8,7 @@ decode:   block -> one non-causal draft forward -> one target TARGET_VERIFY forw
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import torch
@@ -33,6 +34,8 @@ from sglang_dflash.verify import target_tokens
 logger = logging.getLogger("sglang_dflash")
 
 MAX_BLOCK_SIZE = 64
+# Debug switch (tests): after each prefill, save every request's drafter context K/V rows.
+DEBUG_DUMP_DIR = os.environ.get("SGLANG_DFLASH_DEBUG_DUMP_DIR")
 
 
 class DFlashWorker(BaseSpecWorker):
@@ -47,12 +50,12 @@ class DFlashWorker(BaseSpecWorker):
         text_cfg = runner.model_config.hf_text_config
         path = get_spec().speculative_draft_model_path
         self.cfg = load_drafter_config(path, int(text_cfg.num_hidden_layers))
-        self.block_size = int(get_spec().speculative_num_draft_tokens or self.cfg.block_size)
-        if not 2 <= self.block_size <= MAX_BLOCK_SIZE:
-            raise ValueError(f"--speculative-dflash-block-size={self.block_size} must be in [2, {MAX_BLOCK_SIZE}]")
         self.vocab_size = int(runner.model_config.vocab_size)
         check_against_target(self.cfg, hidden_size=int(text_cfg.hidden_size), vocab_size=self.vocab_size,
                              max_block_size=MAX_BLOCK_SIZE)
+        self.block_size = int(get_spec().speculative_num_draft_tokens or self.cfg.block_size)
+        if not 2 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(f"--speculative-dflash-block-size={self.block_size} must be in [2, {MAX_BLOCK_SIZE}]")
         self.mask_token_id = resolve_mask_token_id(self.cfg, server_args.tokenizer_path or server_args.model_path,
                                                    self.vocab_size)
         self._check_capture_layers(runner.model)
@@ -132,9 +135,19 @@ class DFlashWorker(BaseSpecWorker):
                                for p, n in zip(batch.prefix_lens, batch.extend_lens)])
         write_context(self.drafter, self.draft_kv, features, positions, batch.out_cache_loc.to(torch.int64))
         self.timings["kv_write"] += time.perf_counter() - t0
+        if DEBUG_DUMP_DIR:
+            self._dump_context(batch)
         out.logits_output.hidden_states = None
         out.next_draft_input = make_draft_input_v2(bonus_tokens=out.next_token_ids, new_seq_lens=batch.seq_lens)
         return out
+
+    def _dump_context(self, batch):
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        for req, rpi, n in zip(batch.reqs, batch.req_pool_indices.tolist(), batch.seq_lens.tolist()):
+            slots = req_to_token[rpi, :n].to(torch.int64)
+            path = os.path.join(DEBUG_DUMP_DIR, f"{req.rid}.pt")
+            torch.save({"ids": list(req.origin_input_ids), "k": self.draft_kv.k[:, slots].clone(),
+                        "v": self.draft_kv.v[:, slots].clone()}, path)
 
     def _decode(self, batch, on_publish):
         B = self.block_size

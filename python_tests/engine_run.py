@@ -1,0 +1,32 @@
+"""Run by test_engine.py in a subprocess: plain then DFLASH `sglang.Engine` on the same prompts."""
+import json
+import sys
+
+
+def main(target, drafter, out_path):
+    from sglang_dflash.cpu_shims import install_cpu_shims
+
+    install_cpu_shims()  # the Engine imports sgl_kernel before SGLang loads plugins
+    import sglang
+
+    from harness import prompts
+
+    batch = prompts(16, seed=7, max_len=120)
+    sp = {"max_new_tokens": 24, "temperature": 0}
+    common = dict(model_path=target, device="cpu", attention_backend="torch_native", dtype="float32",
+                  max_total_tokens=8192, disable_cuda_graph=True, random_seed=0, log_level="warning")
+    eng = sglang.Engine(**common)
+    plain = eng.generate(input_ids=batch, sampling_params=sp, return_logprob=True, top_logprobs_num=2)
+    eng.shutdown()
+    eng = sglang.Engine(**common, speculative_algorithm="DFLASH", speculative_draft_model_path=drafter)
+    spec = eng.generate(input_ids=batch, sampling_params=sp)
+    eng.shutdown()
+    refs = [{"output_ids": o["output_ids"],
+             "gaps": [abs(t[0][0] - t[1][0]) for t in o["meta_info"]["output_top_logprobs"]]} for o in plain]
+    outs = [{"output_ids": o["output_ids"], "tau": o["meta_info"].get("spec_accept_length")} for o in spec]
+    with open(out_path, "w") as f:
+        json.dump({"refs": refs, "outs": outs}, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,0 +1,29 @@
+"""The offline sglang.Engine serves DFLASH through our worker, losslessly (float32)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness import assert_lossless
+from sglang_dflash.launch import CPU_ENV
+
+HERE = os.path.dirname(__file__)
+
+
+@pytest.mark.server
+def test_offline_engine_lossless(pair, tmp_path):
+    from conftest import MIXED
+
+    target, drafter = pair("qwen3", "float32", MIXED["qwen3"])
+    out = tmp_path / "engine.json"
+    env = {**os.environ, **CPU_ENV, "PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, os.path.join(HERE, "engine_run.py"), target, drafter, str(out)],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    res = json.loads(out.read_text())
+    assert_lossless(res["refs"], res["outs"], 1e-4)
+    taus = [o["tau"] for o in res["outs"]]
+    print("engine taus", taus)
+    assert all(t is not None and t >= 1 for t in taus) and max(taus) > 1.5
