@@ -120,7 +120,7 @@ def test_paged_draft_matches_dense_reference():
     for f, s in zip(feats, ctx_slots):
         write_context(model, cache, f, torch.arange(len(s)), s)
     ids, pos = build_block(torch.tensor([3, 4]), torch.tensor(lens), B, 49)
-    out = draft_block(model, cache, emb, emb.weight, 50, ids, pos, ctx_slots)
+    out = draft_block(model, cache, emb, lambda h: h @ emb.weight.t(), ids, pos, ctx_slots)
     for i, n in enumerate(lens):
         ref = dense_reference(model, feats[i], torch.arange(n), emb(ids[i]), pos[i])
         ref_tok = (ref[1:] @ emb.weight.t()).argmax(-1)

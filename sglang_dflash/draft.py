@@ -12,9 +12,10 @@ from sglang_dflash.model.drafter import DFlashDrafter
 
 @torch.inference_mode()
 def draft_block(drafter: DFlashDrafter, cache: DraftKVCache, embed: Callable[[torch.Tensor], torch.Tensor],
-                lm_head_weight: torch.Tensor, vocab_size: int, block_ids: torch.Tensor,
+                logits_fn: Callable[[torch.Tensor], torch.Tensor], block_ids: torch.Tensor,
                 positions: torch.Tensor, ctx_slots: list[torch.Tensor]) -> torch.Tensor:
     """block_ids, positions [bs, B]; ctx_slots[i] [prefix_i] committed slot ids of request i.
+    embed: token ids [N] -> [N, H] (the target's); logits_fn: [N, H] -> [N, V] (the target's LM head).
 
     Returns draft tokens [bs, B]: column 0 is the anchor (block_ids[:, 0]), columns 1.. the proposals.
     """
@@ -26,7 +27,7 @@ def draft_block(drafter: DFlashDrafter, cache: DraftKVCache, embed: Callable[[to
         return lambda q, k, v: block_draft_attention(q, k, v, cache.k[i], cache.v[i], ctx_slots, block, scale)
 
     hidden = drafter(x, positions.reshape(-1), attend_for_layer).view(bs, block, -1)
-    logits = hidden[:, 1:, :].to(lm_head_weight.dtype) @ lm_head_weight[:vocab_size].t()  # [bs, B-1, V]
+    logits = logits_fn(hidden[:, 1:, :].reshape(bs * (block - 1), -1))  # [bs*(B-1), V]
     out = block_ids.clone()
-    out[:, 1:] = logits.argmax(dim=-1)
+    out[:, 1:] = logits.argmax(dim=-1).view(bs, block - 1)
     return out

@@ -15,7 +15,8 @@ import torch
 
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.runtime_context import get_spec
+from sglang.srt.distributed import tensor_model_parallel_all_gather
+from sglang.srt.runtime_context import get_parallel, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
@@ -141,6 +142,14 @@ class DFlashWorker(BaseSpecWorker):
         out.next_draft_input = make_draft_input_v2(bonus_tokens=out.next_token_ids, new_seq_lens=batch.seq_lens)
         return out
 
+    def _lm_head_logits(self, hidden):
+        """hidden [N, H] -> [N, vocab] with the target's (vocab-parallel) LM head."""
+        head = self.model_runner.model.lm_head
+        logits = hidden.to(head.weight.dtype) @ head.weight.t()
+        if get_parallel().tp_size > 1:
+            logits = tensor_model_parallel_all_gather(logits.contiguous(), dim=-1)
+        return logits[:, : self.vocab_size]
+
     def _dump_context(self, batch):
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         for req, rpi, n in zip(batch.reqs, batch.req_pool_indices.tolist(), batch.seq_lens.tolist()):
@@ -161,8 +170,8 @@ class DFlashWorker(BaseSpecWorker):
         ctx = [req_to_token[r, :p].to(torch.int64) for r, p in zip(rpi, prefix.tolist())]
 
         t0 = time.perf_counter()
-        draft = draft_block(self.drafter, self.draft_kv, target_model.model.embed_tokens,
-                            target_model.lm_head.weight, self.vocab_size, block_ids, positions, ctx)
+        draft = draft_block(self.drafter, self.draft_kv, target_model.model.embed_tokens, self._lm_head_logits,
+                            block_ids, positions, ctx)
         t1 = time.perf_counter()
 
         verify_input = DFlashVerifyInput(draft_token=draft.reshape(-1), positions=positions.reshape(-1),
