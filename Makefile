@@ -3,20 +3,20 @@ PY      ?= python3.11
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 PIP     := $(VPY) -m pip
-STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml setup.py 2>/dev/null | sha1sum | cut -c1-12)
+STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml setup.py csrc/* 2>/dev/null | sha1sum | cut -c1-12)
 PORT    ?= 30000
 SERVE_DIR ?= $(HOME)/.cache/sglang_dflash/serve
 export OMP_NUM_THREADS ?= 1
 export SGLANG_USE_CPU_ENGINE ?= 1
 
-.PHONY: install serve test test-fast clean
+.PHONY: install serve test test-fast bench-ops clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py $(wildcard csrc/*)
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "sglang==0.5.23" pytest pytest-timeout requests
+	$(PIP) install -q "sglang==0.5.23" pytest pytest-timeout requests kubernetes-validate
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	@rm -f $(VENV)/.installed-*; touch $@
 
@@ -37,3 +37,6 @@ test-fast: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+bench-ops: install
+	$(VPY) bench/ops_bench.py

@@ -40,7 +40,7 @@ def mixed(pair, tmp_path_factory):
         cases = stop_cases(base)
         want = [run_case(plain, p, c) for p, c in cases]
     dump = tmp_path_factory.mktemp("kvdump")
-    with launch(target, drafter, "float32", name="dflash-serving",
+    with launch(target, drafter, "float32", name="dflash-serving", extra=["--enable-metrics"],
                 env={"SGLANG_DFLASH_DEBUG_DUMP_DIR": str(dump)}) as srv:
         yield srv, cases, want, dump
 
@@ -112,3 +112,37 @@ def test_prefix_cache_same_tokens_and_same_draft_kv(mixed):
     torch.testing.assert_close(w["k"], c["k"], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(w["v"], c["v"], rtol=1e-5, atol=1e-5)
     assert gen(a, "pc-a-3")["output_ids"] == again["output_ids"]
+
+
+def scrape(srv):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    vals = {}
+    for fam in text_string_to_metric_families(requests.get(srv.url + "/metrics", timeout=30).text):
+        for smp in fam.samples:
+            if smp.name.startswith("sglang:dflash"):
+                key = smp.name + ("{position=%s}" % smp.labels["position"] if "position" in smp.labels else "")
+                vals[key] = vals.get(key, 0.0) + smp.value
+            assert "model_name" in smp.labels or not smp.name.startswith("sglang:dflash")
+    return vals
+
+
+@pytest.mark.server
+def test_dflash_metrics_match_meta_info(mixed):
+    srv = mixed[0]
+    before = scrape(srv)
+    outs = [run_case(srv, p, {"max_new_tokens": 40}) for p in SAMPLES]
+    time.sleep(1)
+    after = scrape(srv)
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    metas = [o["meta_info"] for o in outs]
+    verify = sum(m["spec_verify_ct"] for m in metas)
+    assert d["sglang:dflash_drafts_total"] == verify
+    assert d["sglang:dflash_draft_tokens_total"] == sum(m["spec_num_proposed_drafts"] for m in metas)
+    per_pos = [d.get("sglang:dflash_accepted_tokens_total{position=%d}" % j, 0) for j in range(1, 16)]
+    assert sum(per_pos) == sum(m["spec_num_correct_drafts"] for m in metas)
+    assert per_pos == sorted(per_pos, reverse=True) and per_pos[0] > 0
+    assert d["sglang:dflash_accept_length_count"] == verify
+    assert d["sglang:dflash_accept_length_sum"] == sum(m["completion_tokens"] - 1 for m in metas)
+    for stage in ("draft", "verify", "kv_write"):  # requests ran one at a time: one step per verify
+        assert d[f"sglang:dflash_{stage}_seconds_count"] == verify

@@ -4,7 +4,8 @@ import json
 import pytest
 import torch
 
-from sglang_dflash.accept import accept_block
+from sglang_dflash.accept import accept_block, stop_table
+from sglang_dflash.attention import TorchBlockAttention
 from sglang_dflash.block import block_slots, build_block
 from sglang_dflash.config import (DrafterConfigError, check_against_target, default_target_layer_ids,
                                   hf_hidden_state_index, parse_drafter_config)
@@ -65,8 +66,10 @@ def test_block_and_slots():
 def test_accept_longest_prefix_plus_bonus():
     draft = torch.tensor([[5, 1, 2, 3], [5, 9, 2, 3], [5, 1, 2, 3]])
     target = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 7, 4]])
-    acc, commit, bonus, out = accept_block(draft, target)
+    big, none = torch.full((3,), 100), stop_table([set(), set(), set()], "cpu")
+    acc, bonus, commit, seq, out = accept_block(draft, target, torch.zeros(3, dtype=torch.long), big, none)
     assert acc.tolist() == [3, 0, 2] and commit.tolist() == [4, 1, 3] and bonus.tolist() == [4, 1, 7]
+    assert stop_table([{3, 1}, set()], "cpu").tolist() == [[1, 3], [-1, -1]]
     assert committed_rows(commit, 4).tolist() == [0, 1, 2, 3, 4, 8, 9, 10]
 
 
@@ -117,11 +120,29 @@ def test_paged_draft_matches_dense_reference():
     slots = torch.randperm(64)
     feats = [torch.randn(n, 64) for n in lens]
     ctx_slots = [slots[:5], slots[10:19]]
+    blk_slots = [slots[30:34], slots[40:44]]
     for f, s in zip(feats, ctx_slots):
         write_context(model, cache, f, torch.arange(len(s)), s)
     ids, pos = build_block(torch.tensor([3, 4]), torch.tensor(lens), B, 49)
-    out = draft_block(model, cache, emb, lambda h: h @ emb.weight.t(), ids, pos, ctx_slots)
+    attend = TorchBlockAttention(cache.k, cache.v, [torch.cat(x) for x in zip(ctx_slots, blk_slots)],
+                                 torch.cat(blk_slots), 8 ** -0.5)
+    out = draft_block(model, attend, emb, lambda h: h @ emb.weight.t(), ids, pos)
     for i, n in enumerate(lens):
         ref = dense_reference(model, feats[i], torch.arange(n), emb(ids[i]), pos[i])
         ref_tok = (ref[1:] @ emb.weight.t()).argmax(-1)
         assert out[i, 0] == ids[i, 0] and torch.equal(out[i, 1:], ref_tok)
+
+
+def test_fused_context_write_equals_layer_math():
+    """projection.write_context (fused op) stores what each layer's own k_norm/RoPE/v_proj give."""
+    torch.manual_seed(1)
+    cfg = parse_drafter_config(cfg_dict(), 4)
+    model = DFlashDrafter(cfg).eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, mean=1.0 if p.dim() == 1 else 0.0, std=0.2)
+    cache = DraftKVCache(2, 40, 2, 8, torch.float32, "cpu")
+    feats, pos, slots = torch.randn(6, 64), torch.tensor([0, 1, 2, 7, 8, 300]), torch.randperm(40)[:6]
+    write_context(model, cache, feats, pos, slots)
+    k, v = model.context_kv(feats, pos)
+    torch.testing.assert_close(cache.k[:, slots], k, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache.v[:, slots], v, rtol=1e-5, atol=1e-5)

@@ -3,19 +3,28 @@
 target_tokens[i, j] is the token the TARGET emits after block position j (argmax when greedy, a
 sample from its own distribution when temperature > 0: "sample and match"). A draft is accepted
 while draft[i, j + 1] == target_tokens[i, j]; the target token after the accepted prefix is the
-bonus. Everything the request emits is therefore a target token.
+bonus. Everything a request emits is therefore a target token. Commits stop at the request's token
+budget and just after its first stop token, so nothing past a finish is committed.
+Runs as one fused op (csrc/, reference in kernels/reference.py).
 """
 from __future__ import annotations
 
 import torch
 
+from sglang_dflash.kernels import ops
 
-def accept_block(draft: torch.Tensor, target_tokens: torch.Tensor):
-    """draft, target_tokens [bs, B] int64 ->
-    accept_lens [bs] accepted drafts (0..B-1), commit_lens [bs] = accept + 1 (bonus included),
-    bonus [bs] the target token after the accepted prefix, out_tokens [bs, B] (first commit_lens valid).
-    """
-    match = (draft[:, 1:] == target_tokens[:, :-1]).to(torch.int32)
-    accept = match.cumprod(dim=1).sum(dim=1)
-    bonus = target_tokens.gather(1, accept[:, None].to(torch.int64)).squeeze(1)
-    return accept, accept + 1, bonus, target_tokens
+
+def accept_block(draft: torch.Tensor, target_tokens: torch.Tensor, prefix_lens: torch.Tensor,
+                 budget: torch.Tensor, stop_ids: torch.Tensor):
+    """draft, target_tokens [bs, B]; prefix_lens, budget [bs]; stop_ids [bs, S] (-1 padded) ->
+    accept_lens, bonus, commit_lens, new_seq_lens [bs], out_tokens [bs, B] (all int64)."""
+    i64 = torch.int64
+    return ops().linear_verify_accept(draft.to(i64), target_tokens.to(i64), prefix_lens.to(i64),
+                                      budget.to(i64), stop_ids.to(i64))
+
+
+def stop_table(stop_sets: list[set[int]], device) -> torch.Tensor:
+    """Per-request stop token sets -> [bs, S] int64 padded with -1 (S >= 1)."""
+    width = max([len(s) for s in stop_sets] + [1])
+    rows = [sorted(s) + [-1] * (width - len(s)) for s in stop_sets]
+    return torch.tensor(rows, dtype=torch.int64, device=device).view(len(stop_sets), width)

@@ -29,22 +29,30 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     return out.squeeze(0).transpose(0, 1)
 
 
-def block_draft_attention(q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor,
-                          k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          ctx_slots: list[torch.Tensor], block: int, scale: float) -> torch.Tensor:
-    """Non-causal DFlash block attention, batched over requests.
+class TorchBlockAttention:
+    """Non-causal DFlash block attention over the paged draft KV, one request at a time (CPU path).
 
-    q [bs*B, heads, d]; k_blk, v_blk [bs*B, kv_heads, d] (the block's own K/V);
-    k_cache, v_cache [S, kv_heads, d] (one drafter layer's context KV, indexed by target slot id);
-    ctx_slots[i] [ctx_len_i] slot ids of request i's committed tokens.
+    The block's own K/V rows are first stored at the block's slots (the slots the target reserved
+    for verifying it), so every query sees kv_slots[i] = committed context + block. Rows the target
+    does not accept are overwritten by later commits before anything reads them as context.
     """
-    out = torch.empty_like(q)
-    for i, slots in enumerate(ctx_slots):
-        r = slice(i * block, (i + 1) * block)
-        k = torch.cat([k_cache[slots], k_blk[r]])
-        v = torch.cat([v_cache[slots], v_blk[r]])
-        out[r] = attend_rows(q[r], k, v, scale)
-    return out
+
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_slots: list[torch.Tensor],
+                 block_slots: torch.Tensor, scale: float):
+        """k_cache, v_cache [L, S, Hkv, D]; kv_slots[i] [prefix_i + B]; block_slots [bs*B]."""
+        self.k, self.v, self.kv_slots, self.block_slots, self.scale = k_cache, v_cache, kv_slots, block_slots, scale
+
+    def __call__(self, layer: int, q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor) -> torch.Tensor:
+        """q [bs*B, H, D]; k_blk, v_blk [bs*B, Hkv, D] -> [bs*B, H, D]."""
+        kc, vc = self.k[layer], self.v[layer]
+        kc.index_copy_(0, self.block_slots, k_blk.to(kc.dtype))
+        vc.index_copy_(0, self.block_slots, v_blk.to(vc.dtype))
+        block = q.shape[0] // len(self.kv_slots)
+        out = torch.empty_like(q)
+        for i, slots in enumerate(self.kv_slots):
+            r = slice(i * block, (i + 1) * block)
+            out[r] = attend_rows(q[r], kc[slots], vc[slots], self.scale)
+        return out
 
 
 def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -19,13 +19,3 @@ class DraftKVCache:
     @property
     def num_slots(self) -> int:
         return self.k.shape[1]
-
-    def write(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        """k, v [L, T, kv_heads, head_dim]; slots [T] target slot ids. All layers at once."""
-        if slots.numel() == 0:
-            return
-        if int(slots.max()) >= self.num_slots or int(slots.min()) < 0:
-            raise IndexError(f"draft KV slot out of range: [{int(slots.min())}, {int(slots.max())}] "
-                             f"for {self.num_slots} slots")
-        self.k.index_copy_(1, slots, k.to(self.k.dtype))
-        self.v.index_copy_(1, slots, v.to(self.v.dtype))

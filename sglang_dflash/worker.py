@@ -22,11 +22,13 @@ from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
-from sglang_dflash.accept import accept_block
+from sglang_dflash.accept import accept_block, stop_table
+from sglang_dflash.attention import TorchBlockAttention
 from sglang_dflash.block import block_slots, build_block
 from sglang_dflash.config import check_against_target, load_drafter_config
 from sglang_dflash.draft import draft_block
 from sglang_dflash.draft_kv import DraftKVCache
+from sglang_dflash import metrics as dflash_metrics
 from sglang_dflash.model.loader import load_drafter
 from sglang_dflash.projection import committed_rows, write_context
 from sglang_dflash.startup import resolve_mask_token_id
@@ -62,6 +64,8 @@ class DFlashWorker(BaseSpecWorker):
         self._check_capture_layers(runner.model)
         self.drafter = load_drafter(path, self.cfg, runner.dtype, str(self.device))
         self.draft_kv = None
+        self.device_type = torch.device(self.device).type
+        self.metrics = dflash_metrics.create(self.block_size)
         self.timings = {"draft": 0.0, "verify": 0.0, "kv_write": 0.0}
         logger.info("DFLASH served by sglang_dflash (ours): block_size=%d (drafter trained %d), "
                     "drafter layers=%d, target_layer_ids=%s, mask_token_id=%d, dtype=%s, device=%s",
@@ -142,6 +146,37 @@ class DFlashWorker(BaseSpecWorker):
         out.next_draft_input = make_draft_input_v2(bonus_tokens=out.next_token_ids, new_seq_lens=batch.seq_lens)
         return out
 
+    def _block_attention(self, batch, prefix, block_slots):
+        """The non-causal block attention for this step: FlashInfer on CUDA, torch elsewhere."""
+        c, B = self.cfg, self.block_size
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        scale = c.head_dim ** -0.5
+        if self.device_type == "cuda":
+            from sglang_dflash.flashinfer_attention import FlashInferBlockAttention
+
+            return FlashInferBlockAttention(self.draft_kv.k, self.draft_kv.v, req_to_token,
+                                            batch.req_pool_indices, prefix, block_slots, B, c.num_heads, scale)
+        kv_slots = [req_to_token[r, : p + B].to(torch.int64)
+                    for r, p in zip(batch.req_pool_indices.tolist(), prefix.tolist())]
+        return TorchBlockAttention(self.draft_kv.k, self.draft_kv.v, kv_slots, block_slots, scale)
+
+    def _limits(self, batch):
+        """Per-request token budget [bs] and stop-token table [bs, S], as SGLang's finish check sees them."""
+        budget, stop_sets = [], []
+        for req in batch.reqs:
+            sp = req.sampling_params
+            budget.append(max((sp.max_new_tokens or 1 << 30) - len(req.output_ids), 1))
+            stops = set()
+            if not sp.ignore_eos:
+                stops |= set(sp.stop_token_ids or ()) | set(req.eos_token_ids or ())
+                tok = req.tokenizer
+                if tok is not None:
+                    if tok.eos_token_id is not None:
+                        stops.add(tok.eos_token_id)
+                    stops |= set(getattr(tok, "additional_stop_token_ids", None) or ())
+            stop_sets.append(stops)
+        return torch.tensor(budget, dtype=torch.int64, device=self.device), stop_table(stop_sets, self.device)
+
     def _lm_head_logits(self, hidden):
         """hidden [N, H] -> [N, vocab] with the target's (vocab-parallel) LM head."""
         head = self.model_runner.model.lm_head
@@ -166,12 +201,11 @@ class DFlashWorker(BaseSpecWorker):
         bonus = batch.spec_info.bonus_tokens
         block_ids, positions = build_block(bonus, prefix, B, self.mask_token_id)
         slots = block_slots(req_to_token, batch.req_pool_indices, prefix, B)  # [bs, B]
-        rpi = batch.req_pool_indices.tolist()
-        ctx = [req_to_token[r, :p].to(torch.int64) for r, p in zip(rpi, prefix.tolist())]
 
         t0 = time.perf_counter()
-        draft = draft_block(self.drafter, self.draft_kv, target_model.model.embed_tokens, self._lm_head_logits,
-                            block_ids, positions, ctx)
+        attend = self._block_attention(batch, prefix, slots.reshape(-1))
+        draft = draft_block(self.drafter, attend, target_model.model.embed_tokens, self._lm_head_logits,
+                            block_ids, positions)
         t1 = time.perf_counter()
 
         verify_input = DFlashVerifyInput(draft_token=draft.reshape(-1), positions=positions.reshape(-1),
@@ -192,8 +226,9 @@ class DFlashWorker(BaseSpecWorker):
         else:
             tokens = target_tokens(logits_output.next_token_logits, B, sinfo.temperatures, sinfo.top_ps,
                                    sinfo.top_ks, sinfo.min_ps)
-        accept, commit, new_bonus, out_tokens = accept_block(draft, tokens)
-        new_seq_lens = prefix + commit.to(prefix.dtype)
+        budget, stops = self._limits(batch)
+        _, new_bonus, commit, new_seq_lens, out_tokens = accept_block(draft, tokens, prefix, budget, stops)
+        new_seq_lens = new_seq_lens.to(prefix.dtype)
         if on_publish is not None:
             on_publish(new_seq_lens)
         t2 = time.perf_counter()
@@ -204,9 +239,11 @@ class DFlashWorker(BaseSpecWorker):
                       slots.reshape(-1)[rows])
         logits_output.hidden_states = None
         t3 = time.perf_counter()
-        self.timings["draft"] += t1 - t0
-        self.timings["verify"] += t2 - t1
-        self.timings["kv_write"] += t3 - t2
+        step = {"draft": t1 - t0, "verify": t2 - t1, "kv_write": t3 - t2}
+        for k, v in step.items():
+            self.timings[k] += v
+        if self.metrics is not None:
+            self.metrics.record(commit.tolist(), step)
         nxt = make_draft_input_v2(bonus_tokens=new_bonus, new_seq_lens=new_seq_lens)
         return GenerationBatchResult(logits_output=logits_output, next_token_ids=out_tokens.reshape(-1),
                                      accept_lens=commit.to(torch.int32), can_run_cuda_graph=False,

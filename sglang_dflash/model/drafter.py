@@ -5,11 +5,14 @@ Attention is delegated to a callable so the same layers run over the paged draft
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from sglang_dflash.config import DrafterConfig
+from sglang_dflash.kernels.reference import rope_cos_sin_cache
 
 
 class RMSNorm(nn.Module):
@@ -26,11 +29,16 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float):
-    """positions [T] -> cos, sin [T, head_dim] (neox layout: two halves)."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = positions.float()[:, None] * inv[None, :]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos(), emb.sin()
+    """positions [T] -> cos, sin [T, head_dim] (neox layout: two halves), from the kernels' table."""
+    table = rope_cos_sin_cache(int(positions.max()) + 1 if positions.numel() else 1, head_dim, theta,
+                               positions.device)
+    return _split(table[positions])
+
+
+def _split(cs: torch.Tensor):
+    """[T, D] table rows (cos half | sin half) -> cos, sin [T, D] duplicated over both halves."""
+    c, s = cs.chunk(2, dim=-1)
+    return torch.cat([c, c], dim=-1), torch.cat([s, s], dim=-1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -110,18 +118,39 @@ class DFlashDrafter(nn.Module):
         return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
 
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor):
-        """features [T, K*H], positions [T] -> K, V [L, T, kv_heads, head_dim] for every layer."""
+        """features [T, K*H], positions [T] -> K, V [L, T, kv_heads, head_dim] for every layer
+        (k_norm and RoPE applied; the fused op in projection.py does the same in one call)."""
         ctx = self.project_features(features)
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
         ks, vs = zip(*(layer.self_attn.context_kv(ctx, cos, sin) for layer in self.layers))
         return torch.stack(ks), torch.stack(vs)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, attend_for_layer) -> torch.Tensor:
+    def context_kv_pre(self, features: torch.Tensor):
+        """features [T, K*H] -> K before k_norm/RoPE, V: [L, T, kv_heads, head_dim] each, in one matmul."""
+        ctx = self.project_features(features)
+        if getattr(self, "_kv_weight", None) is None:  # weights are frozen: stack once
+            self._kv_weight = torch.cat([torch.cat([layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight])
+                                         for layer in self.layers])
+            self._k_norm_weight = torch.stack([layer.self_attn.k_norm.weight for layer in self.layers])
+        c = self.cfg
+        kv = (ctx @ self._kv_weight.t()).view(-1, c.num_layers, 2, c.num_kv_heads, c.head_dim)
+        kv = kv.permute(2, 1, 0, 3, 4).contiguous()
+        return kv[0], kv[1]
+
+    def rope_table(self, max_pos: int, device) -> torch.Tensor:
+        """[P >= max_pos, head_dim] float32 cos|sin table, grown on demand."""
+        t = getattr(self, "_rope", None)
+        if t is None or t.shape[0] < max_pos or t.device != torch.device(device):
+            size = max(max_pos, 2 * (t.shape[0] if t is not None else 2048))
+            self._rope = rope_cos_sin_cache(size, self.cfg.head_dim, self.cfg.rope_theta, device)
+        return self._rope
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
         """x [N, H] embedded block rows, positions [N] -> normed hidden [N, H].
 
-        attend_for_layer(i) returns the attention callable of layer i (context + block, non-causal).
+        attend(layer_index, q, k_blk, v_blk): attention over context + block, non-causal.
         """
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, attend_for_layer(i))
+            x = layer(x, cos, sin, functools.partial(attend, i))
         return self.norm(x)

@@ -1,0 +1,159 @@
+// sglang_dflash ops: schemas (defined once, here) and the CPU implementations.
+// References: sglang_dflash/kernels/reference.py.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <vector>
+
+namespace sglang_dflash {
+
+namespace {
+
+template <typename out_t>
+inline out_t store_cast(float x) { return static_cast<out_t>(x); }
+
+// One (layer, token): k_norm + RoPE on every head of K, store K and V at the slot.
+template <typename in_t, typename cache_t>
+void write_one(const in_t* k, const in_t* v, const float* w, const float* cos, const float* sin,
+               cache_t* kc, cache_t* vc, int64_t heads, int64_t dim, double eps, bool neox,
+               float inv_scale, std::vector<float>& buf) {
+  const int64_t half = dim / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    const in_t* kh = k + h * dim;
+    float ss = 0.f;
+    for (int64_t d = 0; d < dim; ++d) {
+      buf[d] = static_cast<float>(kh[d]);
+      ss += buf[d] * buf[d];
+    }
+    const float r = 1.f / std::sqrt(ss / static_cast<float>(dim) + static_cast<float>(eps));
+    for (int64_t d = 0; d < dim; ++d) buf[d] = buf[d] * r * w[d];
+    cache_t* out = kc + h * dim;
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+      const float x1 = buf[a], x2 = buf[b];
+      out[a] = store_cast<cache_t>((x1 * cos[i] - x2 * sin[i]) * inv_scale);
+      out[b] = store_cast<cache_t>((x2 * cos[i] + x1 * sin[i]) * inv_scale);
+    }
+    const in_t* vh = v + h * dim;
+    cache_t* vo = vc + h * dim;
+    for (int64_t d = 0; d < dim; ++d) vo[d] = store_cast<cache_t>(static_cast<float>(vh[d]) * inv_scale);
+  }
+}
+
+void check_write_args(const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& cs,
+                      const at::Tensor& pos, const at::Tensor& slots, const at::Tensor& kc,
+                      const at::Tensor& vc) {
+  TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes(), "write_draft_kv: k, v must be [L, T, Hkv, D] alike");
+  TORCH_CHECK(kc.dim() == 4 && vc.sizes() == kc.sizes(), "write_draft_kv: caches must be [L, S, Hkv, D] alike");
+  TORCH_CHECK(kc.size(0) == k.size(0) && kc.size(2) == k.size(2) && kc.size(3) == k.size(3),
+              "write_draft_kv: cache layout [L, S, Hkv, D] does not match k");
+  TORCH_CHECK(w.dim() == 2 && w.size(0) == k.size(0) && w.size(1) == k.size(3),
+              "write_draft_kv: k_norm_weight must be [L, D]");
+  TORCH_CHECK(cs.dim() == 2 && cs.size(1) == k.size(3) && cs.scalar_type() == at::kFloat,
+              "write_draft_kv: cos_sin_cache must be float32 [P, D]");
+  TORCH_CHECK(k.size(3) % 2 == 0, "write_draft_kv: head_dim must be even");
+  TORCH_CHECK(pos.numel() == k.size(1) && slots.numel() == k.size(1), "write_draft_kv: positions/slots must be [T]");
+  TORCH_CHECK(pos.scalar_type() == at::kLong && slots.scalar_type() == at::kLong,
+              "write_draft_kv: positions and slots must be int64");
+  TORCH_CHECK(k.is_contiguous() && v.is_contiguous() && kc.is_contiguous() && vc.is_contiguous() &&
+              w.is_contiguous() && cs.is_contiguous(), "write_draft_kv: tensors must be contiguous");
+}
+
+}  // namespace
+
+void write_draft_kv_cpu(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_norm_weight,
+                        const at::Tensor& cos_sin_cache, const at::Tensor& positions, const at::Tensor& slots,
+                        at::Tensor& k_cache, at::Tensor& v_cache, double eps, bool neox, double kv_scale) {
+  check_write_args(k, v, k_norm_weight, cos_sin_cache, positions, slots, k_cache, v_cache);
+  const int64_t L = k.size(0), T = k.size(1), H = k.size(2), D = k.size(3), S = k_cache.size(1);
+  if (T == 0) return;
+  const at::Tensor w = k_norm_weight.to(at::kFloat).contiguous();
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const float* csp = cos_sin_cache.data_ptr<float>();
+  const int64_t P = cos_sin_cache.size(0);
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < S, "write_draft_kv: slot ", slot[t], " out of range [0, ", S, ")");
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < P, "write_draft_kv: position ", pos[t], " beyond cos_sin_cache (", P, ")");
+  }
+  const bool fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
+  const float inv_scale = fp8 ? static_cast<float>(1.0 / kv_scale) : 1.f;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "write_draft_kv_in", [&] {
+    using in_t = scalar_t;
+    auto run = [&](auto* kc0, auto* vc0) {
+      using cache_t = std::remove_pointer_t<decltype(kc0)>;
+      at::parallel_for(0, L * T, 16, [&](int64_t begin, int64_t end) {
+        std::vector<float> buf(D);
+        for (int64_t i = begin; i < end; ++i) {
+          const int64_t l = i / T, t = i % T;
+          const int64_t src = (l * T + t) * H * D, dst = (l * S + slot[t]) * H * D;
+          const float* cs = csp + pos[t] * D;
+          write_one<in_t, cache_t>(k.data_ptr<in_t>() + src, v.data_ptr<in_t>() + src,
+                                   w.data_ptr<float>() + l * D, cs, cs + D / 2, kc0 + dst, vc0 + dst, H, D,
+                                   eps, neox, inv_scale, buf);
+        }
+      });
+    };
+    switch (k_cache.scalar_type()) {
+      case at::kFloat: run(k_cache.data_ptr<float>(), v_cache.data_ptr<float>()); break;
+      case at::kBFloat16: run(k_cache.data_ptr<at::BFloat16>(), v_cache.data_ptr<at::BFloat16>()); break;
+      case at::kHalf: run(k_cache.data_ptr<at::Half>(), v_cache.data_ptr<at::Half>()); break;
+      case at::kFloat8_e4m3fn:
+        run(k_cache.data_ptr<at::Float8_e4m3fn>(), v_cache.data_ptr<at::Float8_e4m3fn>());
+        break;
+      default: TORCH_CHECK(false, "write_draft_kv: unsupported cache dtype ", k_cache.scalar_type());
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_verify_accept_cpu(
+    const at::Tensor& draft, const at::Tensor& target, const at::Tensor& prefix_lens, const at::Tensor& budget,
+    const at::Tensor& stop_ids) {
+  TORCH_CHECK(draft.dim() == 2 && target.sizes() == draft.sizes(), "linear_verify_accept: draft/target [bs, B]");
+  TORCH_CHECK(stop_ids.dim() == 2 && stop_ids.size(0) == draft.size(0), "linear_verify_accept: stop_ids [bs, S]");
+  TORCH_CHECK(draft.scalar_type() == at::kLong && target.scalar_type() == at::kLong &&
+              prefix_lens.scalar_type() == at::kLong && budget.scalar_type() == at::kLong &&
+              stop_ids.scalar_type() == at::kLong, "linear_verify_accept: all inputs must be int64");
+  const int64_t bs = draft.size(0), B = draft.size(1), S = stop_ids.size(1);
+  auto d = draft.contiguous(), tg = target.contiguous(), st = stop_ids.contiguous();
+  auto accept = at::empty({bs}, draft.options()), bonus = at::empty({bs}, draft.options());
+  auto commit = at::empty({bs}, draft.options()), seq = at::empty({bs}, draft.options());
+  auto out = at::full({bs, B}, -1, draft.options());
+  const int64_t *dp = d.data_ptr<int64_t>(), *tp = tg.data_ptr<int64_t>(), *sp = st.data_ptr<int64_t>();
+  const int64_t *pp = prefix_lens.data_ptr<int64_t>(), *bp = budget.data_ptr<int64_t>();
+  int64_t *ap = accept.data_ptr<int64_t>(), *op = bonus.data_ptr<int64_t>(), *cp = commit.data_ptr<int64_t>();
+  int64_t *qp = seq.data_ptr<int64_t>(), *xp = out.data_ptr<int64_t>();
+  at::parallel_for(0, bs, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t* di = dp + i * B;
+      const int64_t* ti = tp + i * B;
+      int64_t a = 0;
+      while (a + 1 < B && di[a + 1] == ti[a]) ++a;
+      int64_t c = std::min<int64_t>(a + 1, std::max<int64_t>(bp[i], 1));
+      for (int64_t j = 0; j < c; ++j) {
+        bool stop = false;
+        for (int64_t s = 0; s < S; ++s) stop |= (sp[i * S + s] == ti[j]);
+        if (stop) { c = j + 1; break; }
+      }
+      ap[i] = a; op[i] = ti[c - 1]; cp[i] = c; qp[i] = pp[i] + c;
+      for (int64_t j = 0; j < c; ++j) xp[i * B + j] = ti[j];
+    }
+  });
+  return {accept, bonus, commit, seq, out};
+}
+
+TORCH_LIBRARY(sglang_dflash, m) {
+  m.def("write_draft_kv(Tensor k, Tensor v, Tensor k_norm_weight, Tensor cos_sin_cache, Tensor positions, "
+        "Tensor slots, Tensor(a!) k_cache, Tensor(b!) v_cache, float eps, bool neox, float kv_scale) -> ()");
+  m.def("linear_verify_accept(Tensor draft, Tensor target, Tensor prefix_lens, Tensor budget, Tensor stop_ids) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(sglang_dflash, CPU, m) {
+  m.impl("write_draft_kv", &write_draft_kv_cpu);
+  m.impl("linear_verify_accept", &linear_verify_accept_cpu);
+}
+
+}  // namespace sglang_dflash

@@ -1,0 +1,133 @@
+"""Kubernetes manifests: every overlay renders with `kubectl kustomize`, every object validates
+(kubernetes-validate for built-in kinds, our own checks for CRDs), and serving invariants hold."""
+import os
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEPLOY = os.path.join(ROOT, "deploy")
+OVERLAYS = ["h100", "b200", "multinode", "router", "autoscaling"]
+K8S_VERSION = "1.32.0"
+CRDS = {"ServiceMonitor", "LeaderWorkerSet", "ScaledObject"}
+
+
+def render(path):
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl (with built-in kustomize) is required to render deploy/"
+    p = subprocess.run([kubectl, "kustomize", path], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return [d for d in yaml.safe_load_all(p.stdout) if d]
+
+
+RENDERED = {name: render(os.path.join(DEPLOY, "base" if name == "base" else f"overlays/{name}"))
+            for name in ["base", *OVERLAYS]}
+
+
+def pod_specs(objs):
+    for o in objs:
+        if o["kind"] == "Deployment":
+            yield o["metadata"]["name"], o["spec"]["template"]["spec"]
+        if o["kind"] == "LeaderWorkerSet":
+            t = o["spec"]["leaderWorkerTemplate"]
+            yield o["metadata"]["name"] + "/leader", t["leaderTemplate"]["spec"]
+            yield o["metadata"]["name"] + "/worker", t["workerTemplate"]["spec"]
+
+
+def servers(objs):
+    """Pod specs running the SGLang server (not the router)."""
+    return [(n, s) for n, s in pod_specs(objs) if any("--speculative-algorithm=DFLASH" in c.get("args", [])
+                                                      for c in s["containers"])]
+
+
+def config(objs):
+    return next(o["data"] for o in objs if o["kind"] == "ConfigMap")
+
+
+@pytest.mark.parametrize("name", ["base", *OVERLAYS])
+def test_builtin_kinds_validate(name):
+    import kubernetes_validate
+
+    for o in RENDERED[name]:
+        if o["kind"] in CRDS:
+            continue
+        kubernetes_validate.validate(o, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("name", ["base", *OVERLAYS])
+def test_crds_have_required_fields(name):
+    for o in RENDERED[name]:
+        spec = o.get("spec", {})
+        if o["kind"] == "ServiceMonitor":
+            assert o["apiVersion"] == "monitoring.coreos.com/v1"
+            assert spec["selector"]["matchLabels"] and spec["endpoints"][0]["path"] == "/metrics"
+        elif o["kind"] == "LeaderWorkerSet":
+            assert o["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
+            lwt = spec["leaderWorkerTemplate"]
+            assert lwt["size"] >= 2 and lwt["leaderTemplate"]["spec"]["containers"]
+        elif o["kind"] == "ScaledObject":
+            assert o["apiVersion"] == "keda.sh/v1alpha1"
+            names = {x["metadata"]["name"] for x in RENDERED[name] if x["kind"] == "Deployment"}
+            assert spec["scaleTargetRef"]["name"] in names
+            assert spec["minReplicaCount"] >= 1 and spec["triggers"][0]["metadata"]["query"]
+
+
+@pytest.mark.parametrize("name", ["base", *OVERLAYS])
+def test_serving_invariants(name):
+    objs = RENDERED[name]
+    srv = servers(objs)
+    assert srv, "no DFLASH server pod"
+    cfg = config(objs)
+    tp = int(cfg["TP_SIZE"])
+    nodes = next((o["spec"]["leaderWorkerTemplate"]["size"] for o in objs if o["kind"] == "LeaderWorkerSet"), 1)
+    for pod, spec in srv:
+        c = spec["containers"][0]
+        args = c["args"]
+        assert "--speculative-draft-model-path=$(DRAFT_MODEL_PATH)" in args and cfg["DRAFT_MODEL_PATH"]
+        assert "--tp-size=$(TP_SIZE)" in args and "--enable-metrics" in args
+        gpus = int(c["resources"]["limits"]["nvidia.com/gpu"])
+        assert gpus * nodes == tp, f"{pod}: {gpus} GPUs x {nodes} nodes != TP {tp}"
+        assert c["startupProbe"]["httpGet"]["path"] == "/health_generate"
+        assert c["readinessProbe"]["httpGet"]["path"] == "/health_generate"
+        assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+        shm = [v for v in spec["volumes"] if v["name"] == "shm"]
+        assert shm and shm[0]["emptyDir"]["medium"] == "Memory"
+        assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+    for _, spec in pod_specs(objs):
+        for c in spec["containers"]:
+            image = c["image"]
+            assert ":" in image and not image.endswith(":latest"), image
+
+
+@pytest.mark.parametrize("name,product", [("h100", "NVIDIA-H100-80GB-HBM3"), ("b200", "NVIDIA-B200"),
+                                          ("multinode", "NVIDIA-H100-80GB-HBM3")])
+def test_gpu_overlays_pick_their_gpu(name, product):
+    for _, spec in servers(RENDERED[name]):
+        assert spec["nodeSelector"]["nvidia.com/gpu.product"] == product
+        assert any(t["key"] == "nvidia.com/gpu" for t in spec["tolerations"])
+
+
+def strip(o):
+    return {k: v for k, v in o.items() if k != "status"}
+
+
+@pytest.mark.parametrize("name,allowed", [
+    ("h100", {"Deployment"}), ("b200", {"Deployment"}),
+    ("multinode", {"Deployment", "LeaderWorkerSet", "ConfigMap"}),
+    ("router", {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding"}),
+    ("autoscaling", {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ScaledObject"}),
+])
+def test_overlays_differ_only_where_they_must(name, allowed):
+    base = {(o["kind"], o["metadata"]["name"]): strip(o) for o in RENDERED["base"]}
+    over = {(o["kind"], o["metadata"]["name"]): strip(o) for o in RENDERED[name]}
+    changed = {k[0] for k in set(base) | set(over) if base.get(k) != over.get(k)}
+    assert changed <= allowed, changed - allowed
+    assert changed, "overlay changes nothing"
+
+
+def test_dockerfile_pins_sglang_and_builds_cuda():
+    text = open(os.path.join(DEPLOY, "Dockerfile")).read()
+    assert "FROM lmsysorg/sglang:v0.5.23" in text and "9.0;10.0" in text and "USER 1000" in text

@@ -1,0 +1,76 @@
+"""The sglang_dflash ops: the C++/CUDA extension when built, else the torch references.
+
+`torch.ops.sglang_dflash.write_draft_kv` and `torch.ops.sglang_dflash.linear_verify_accept` exist
+after `load()`; the worker calls them on every device.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from sglang_dflash.kernels import reference
+
+logger = logging.getLogger("sglang_dflash")
+
+# Same text as TORCH_LIBRARY in csrc/dflash_ops.cpp (a test checks they agree); used only when the
+# extension is not built, to register the same ops over the torch references.
+SCHEMAS = {
+    "write_draft_kv": "(Tensor k, Tensor v, Tensor k_norm_weight, Tensor cos_sin_cache, Tensor positions, "
+                      "Tensor slots, Tensor(a!) k_cache, Tensor(b!) v_cache, float eps, bool neox, "
+                      "float kv_scale) -> ()",
+    "linear_verify_accept": "(Tensor draft, Tensor target, Tensor prefix_lens, Tensor budget, Tensor stop_ids) "
+                            "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+}
+
+_state = {"loaded": False, "backend": None}
+
+
+def _register_reference_ops():
+    lib = torch.library.Library("sglang_dflash", "DEF")
+    for name, schema in SCHEMAS.items():
+        lib.define(name + schema)
+    lib.impl("write_draft_kv", reference.write_draft_kv_ref, "CompositeExplicitAutograd")
+    lib.impl("linear_verify_accept", reference.linear_verify_accept_ref, "CompositeExplicitAutograd")
+    _state["lib"] = lib  # keep the registration alive
+
+
+def _register_fakes():
+    @torch.library.register_fake("sglang_dflash::write_draft_kv")
+    def _(k, v, k_norm_weight, cos_sin_cache, positions, slots, k_cache, v_cache, eps, neox, kv_scale):
+        return None
+
+    @torch.library.register_fake("sglang_dflash::linear_verify_accept")
+    def _(draft, target, prefix_lens, budget, stop_ids):
+        bs = draft.shape[0]
+        return (draft.new_empty(bs), draft.new_empty(bs), draft.new_empty(bs), draft.new_empty(bs),
+                torch.empty_like(draft))
+
+
+def load() -> str:
+    """Register the ops once; returns 'extension' or 'reference'."""
+    if _state["loaded"]:
+        return _state["backend"]
+    try:
+        if os.environ.get("SGLANG_DFLASH_REFERENCE_OPS") == "1":
+            raise ImportError("SGLANG_DFLASH_REFERENCE_OPS=1")
+        import importlib.util
+
+        spec = importlib.util.find_spec("sglang_dflash._C")
+        if spec is None or not spec.origin:
+            raise ImportError("sglang_dflash._C not found")
+        torch.ops.load_library(spec.origin)  # registers TORCH_LIBRARY(sglang_dflash)
+        backend = "extension"
+    except ImportError as e:
+        logger.warning("sglang_dflash C++ extension not built (%s); using the torch reference ops", e)
+        _register_reference_ops()
+        backend = "reference"
+    _register_fakes()
+    _state.update(loaded=True, backend=backend)
+    return backend
+
+
+def ops():
+    load()
+    return torch.ops.sglang_dflash

@@ -1,0 +1,70 @@
+"""Pure-torch references of the csrc/ ops (the specification the C++/CUDA kernels are tested against).
+
+write_draft_kv: k_norm + RoPE on the context K of every drafter layer, then store K and V into the
+    drafter's KV buffers at the target's slot ids (one call for all layers).
+linear_verify_accept: longest matching prefix + bonus, cut by each request's token budget and
+    stop tokens, in one call for the batch.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def rope_cos_sin_cache(max_pos: int, head_dim: int, theta: float, device="cpu") -> torch.Tensor:
+    """[max_pos, head_dim] float32: cos in the first half, sin in the second (SGLang's layout)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    freqs = torch.arange(max_pos, device=device, dtype=torch.float32)[:, None] * inv[None, :]
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+def apply_rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
+    """x [..., T, H, D] float32; cos/sin [T, D/2] -> rotated x. neox pairs (i, i+D/2); else (2i, 2i+1)."""
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    if neox:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+
+
+def write_draft_kv_ref(k: torch.Tensor, v: torch.Tensor, k_norm_weight: torch.Tensor,
+                       cos_sin_cache: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                       k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float, neox: bool = True,
+                       kv_scale: float = 1.0) -> None:
+    """k, v [L, T, Hkv, D]; k_norm_weight [L, D]; cos_sin_cache [P, D]; positions, slots [T] int64;
+    k_cache, v_cache [L, S, Hkv, D] (S = pages * page_size, any dtype incl. float8_e4m3fn), mutated.
+    fp8 caches store value / kv_scale."""
+    if slots.numel() == 0:
+        return
+    kf = k.float()
+    kf = kf * torch.rsqrt(kf.pow(2).mean(-1, keepdim=True) + eps) * k_norm_weight.float()[:, None, None, :]
+    cs = cos_sin_cache[positions].float()
+    half = cs.shape[-1] // 2
+    kf = apply_rope_ref(kf, cs[:, :half], cs[:, half:], neox)
+    vf = v.float()
+    if k_cache.dtype == torch.float8_e4m3fn:
+        kf, vf = kf / kv_scale, vf / kv_scale
+    k_cache[:, slots] = kf.to(k_cache.dtype)
+    v_cache[:, slots] = vf.to(v_cache.dtype)
+
+
+def linear_verify_accept_ref(draft: torch.Tensor, target: torch.Tensor, prefix_lens: torch.Tensor,
+                             budget: torch.Tensor, stop_ids: torch.Tensor):
+    """draft, target [bs, B] int64 (target[i, j] = the target's token after block position j);
+    prefix_lens, budget [bs] int64 (budget = tokens the request may still emit, >= 1);
+    stop_ids [bs, S] int64 padded with -1.
+    Returns accept_lens [bs] (drafts accepted), bonus [bs] (the last emitted token, the next block's
+    anchor: target[commit - 1]), commit_lens [bs] (tokens emitted: accept + 1, cut at the budget and
+    just after the first stop token), new_seq_lens [bs], out_tokens [bs, B] (target tokens; -1 past
+    commit_lens). All int64."""
+    bs, B = draft.shape
+    match = (draft[:, 1:] == target[:, :-1]).to(torch.int64)
+    accept = match.cumprod(dim=1).sum(dim=1)
+    commit = torch.minimum(accept + 1, budget.clamp(min=1))
+    is_stop = (target[:, :, None] == stop_ids[:, None, :]).any(-1)  # padding -1 never matches
+    cols = torch.arange(B, device=draft.device)[None, :]
+    first_stop = torch.where(is_stop, cols, B).min(dim=1).values
+    commit = torch.minimum(commit, first_stop + 1)
+    bonus = target.gather(1, (commit - 1)[:, None]).squeeze(1)
+    out = torch.where(cols < commit[:, None], target, torch.full_like(target, -1))
+    return accept, bonus, commit, prefix_lens + commit, out

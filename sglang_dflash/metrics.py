@@ -1,0 +1,66 @@
+"""DFlash Prometheus series beside SGLang's own (same label set), written from the scheduler process.
+
+sglang:dflash_drafts_total                 blocks drafted (one per request per step)
+sglang:dflash_draft_tokens_total           tokens proposed (B - 1 per block)
+sglang:dflash_accepted_tokens_total{position=j}  drafts accepted at block position j (1..B-1)
+sglang:dflash_accept_length                histogram of tokens committed per block (1..B, bonus included)
+sglang:dflash_{draft,verify,kv_write}_seconds     per-step stage times
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+
+def scheduler_labels() -> dict:
+    """The label set SGLang puts on its scheduler metrics."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.runtime_context import get_disagg, get_observability, get_parallel, get_serving
+
+    p = get_parallel()
+    labels = {"model_name": get_serving().served_model_name,
+              "engine_type": DisaggregationMode.to_engine_type(get_disagg().disaggregation_mode),
+              "tp_rank": p.tp_rank, "pp_rank": p.pp_rank, "moe_ep_rank": p.moe_ep_rank}
+    if p.dp_rank is not None:
+        labels["dp_rank"] = p.dp_rank
+    labels.update(get_observability().extra_metric_labels or {})
+    return {k: str(v) for k, v in labels.items()}
+
+
+class DFlashMetrics:
+    def __init__(self, block_size: int, labels: dict):
+        from prometheus_client import Counter, Histogram  # after SGLang set PROMETHEUS_MULTIPROC_DIR
+
+        names = list(labels)
+        self.labels, self.block = labels, block_size
+        self.drafts = Counter("sglang:dflash_drafts", "Blocks drafted", names).labels(**labels)
+        self.draft_tokens = Counter("sglang:dflash_draft_tokens", "Draft tokens proposed", names).labels(**labels)
+        self.accepted = Counter("sglang:dflash_accepted_tokens", "Drafts accepted per block position",
+                                names + ["position"])
+        self.accept_len = Histogram("sglang:dflash_accept_length", "Tokens committed per block", names,
+                                    buckets=list(range(1, block_size + 1))).labels(**labels)
+        time_buckets = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
+        self.times = {s: Histogram(f"sglang:dflash_{s}_seconds", f"DFlash {s} time per step", names,
+                                   buckets=time_buckets).labels(**labels) for s in ("draft", "verify", "kv_write")}
+
+    def record(self, commit_lens: list[int], seconds: dict) -> None:
+        n = len(commit_lens)
+        self.drafts.inc(n)
+        self.draft_tokens.inc(n * (self.block - 1))
+        for pos in range(1, self.block):
+            hits = sum(c - 1 >= pos for c in commit_lens)
+            if hits:
+                self.accepted.labels(**self.labels, position=str(pos)).inc(hits)
+        for c in commit_lens:
+            self.accept_len.observe(c)
+        for stage, sec in seconds.items():
+            self.times[stage].observe(sec)
+
+
+def create(block_size: int) -> Optional[DFlashMetrics]:
+    """Metrics on the rank that reports SGLang's scheduler metrics, when --enable-metrics is on."""
+    from sglang.srt.runtime_context import get_observability, get_parallel
+
+    obs, p = get_observability(), get_parallel()
+    if not obs.enable_metrics or (p.tp_rank != 0 and not obs.enable_metrics_for_all_schedulers):
+        return None
+    return DFlashMetrics(block_size, scheduler_labels())
