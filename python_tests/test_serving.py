@@ -146,3 +146,46 @@ def test_dflash_metrics_match_meta_info(mixed):
     assert d["sglang:dflash_accept_length_sum"] == sum(m["completion_tokens"] - 1 for m in metas)
     for stage in ("draft", "verify", "kv_write"):  # requests ran one at a time: one step per verify
         assert d[f"sglang:dflash_{stage}_seconds_count"] == verify
+
+
+@pytest.mark.server
+def test_greedy_exact_and_seeded_reproducible_in_a_sampling_batch(mixed):
+    import concurrent.futures as cf
+
+    srv, cases, want, _ = mixed
+    greedy = list(zip(cases, want))[:12]
+    sampled = [(p, {"temperature": 1.0, "top_p": 0.9, "sampling_seed": 1000 + i}) for i, p in enumerate(SAMPLES)]
+    jobs = [c for c, _ in greedy] + sampled + sampled
+    with cf.ThreadPoolExecutor(len(jobs)) as ex:
+        outs = list(ex.map(lambda c: run_case(srv, *c), jobs))
+    for (c, w), o in zip(greedy, outs):
+        assert o["output_ids"] == w["output_ids"], c
+    first, second = outs[len(greedy): len(greedy) + len(sampled)], outs[len(greedy) + len(sampled):]
+    for a, b in zip(first, second):
+        assert a["output_ids"] == b["output_ids"]
+    assert len({tuple(o["output_ids"]) for o in first}) > 1
+
+
+@pytest.mark.server
+def test_logprobs_with_dflash(mixed):
+    srv = mixed[0]
+    body = {"input_ids": SAMPLES[2], "return_logprob": True, "top_logprobs_num": 2,
+            "sampling_params": {"max_new_tokens": 24, "temperature": 0}}
+    o = requests.post(srv.url + "/generate", json=body, timeout=600).json()
+    lps, tops = o["meta_info"]["output_token_logprobs"], o["meta_info"]["output_top_logprobs"]
+    assert len(lps) == len(o["output_ids"]) == 24 and o["meta_info"]["spec_verify_ct"] >= 1
+    for (lp, tok, _), top in zip(lps, tops):  # greedy: every token is the target's top-1
+        assert lp <= 0 and abs(lp - top[0][0]) < 1e-5 and tok == top[0][1]
+
+
+@pytest.mark.server
+def test_unsupported_sampling_features_are_refused_clearly(mixed):
+    srv = mixed[0]
+    for params in ({"frequency_penalty": 0.5}, {"repetition_penalty": 1.2}, {"regex": "a+"},
+                   {"min_new_tokens": 4}):
+        body = {"input_ids": SAMPLES[1], "sampling_params": {"max_new_tokens": 8, **params}}
+        r = requests.post(srv.url + "/generate", json=body, timeout=120)
+        text = r.text
+        assert "sglang_dflash" in text and next(iter(params)) in text, (params, r.status_code, text[:300])
+    ok = run_case(srv, SAMPLES[1], {"max_new_tokens": 8})  # the server keeps serving
+    assert len(ok["output_ids"]) == 8

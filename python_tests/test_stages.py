@@ -146,3 +146,28 @@ def test_fused_context_write_equals_layer_math():
     k, v = model.context_kv(feats, pos)
     torch.testing.assert_close(cache.k[:, slots], k, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(cache.v[:, slots], v, rtol=1e-5, atol=1e-5)
+
+
+def test_request_check_names_each_unsupported_field():
+    from types import SimpleNamespace
+
+    from sglang_dflash.request_check import unsupported_reason
+
+    plain = SimpleNamespace(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0, min_new_tokens=0,
+                            logit_bias=None, json_schema=None, regex=None, ebnf=None, structural_tag=None)
+    assert unsupported_reason(plain) is None
+    for field, value in [("frequency_penalty", 0.3), ("repetition_penalty", 1.1), ("json_schema", "{}"),
+                         ("min_new_tokens", 2), ("logit_bias", {"1": 2.0})]:
+        msg = unsupported_reason(SimpleNamespace(**{**vars(plain), field: value}))
+        assert field in msg and "sglang_dflash" in msg
+    assert "custom_logit_processor" in unsupported_reason(plain, custom_logit_processor="x")
+
+
+def test_launcher_fills_cpu_defaults_but_never_overrides():
+    from sglang_dflash.launch import with_defaults
+
+    args = with_defaults(["--model-path", "m", "--max-total-tokens=999"], gpu=False)
+    assert args.count("--max-total-tokens=999") == 1 and "16384" not in args
+    assert args[args.index("--speculative-algorithm") + 1] == "DFLASH"
+    assert args[args.index("--attention-backend") + 1] == "torch_native" and "--disable-cuda-graph" in args
+    assert "--device" not in with_defaults(["--model-path", "m"], gpu=True)

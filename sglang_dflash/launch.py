@@ -38,6 +38,15 @@ def with_defaults(argv: list[str], gpu: bool) -> list[str]:
     return args
 
 
+def _flag(args: list[str], name: str, default: str) -> str:
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return default
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     gpu = has_gpu()
@@ -46,6 +55,11 @@ def main(argv: list[str] | None = None) -> None:
             os.environ.setdefault(k, v)
     args = with_defaults(argv, gpu)
     print("sglang_dflash.launch: python -m sglang.launch_server " + " ".join(args), flush=True)
+    host, port = _flag(args, "--host", "127.0.0.1"), _flag(args, "--port", "30000")
+    print(f"sglang_dflash.launch: serving at http://{host}:{port} once healthy; try:\n"
+          f"  curl -s http://{host}:{port}/v1/chat/completions -H 'Content-Type: application/json' "
+          "-d '{\"model\": \"default\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], "
+          "\"max_tokens\": 48, \"temperature\": 0}'", flush=True)
     os.execvp(sys.executable, [sys.executable, "-m", "sglang.launch_server", *args])
 
 

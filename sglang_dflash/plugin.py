@@ -4,7 +4,8 @@ Registers, lazily and idempotently:
 - DFLASH -> our worker (``SGLANG_DFLASH_IMPL=builtin`` hands it back to SGLang's own worker);
 - DFLASH on CPU (SGLang's argument check refuses non-GPU devices for its own worker);
 - TARGET_VERIFY batches on the torch_native attention backend (it only knows EXTEND/DECODE);
-- CPU stand-ins for the sgl_kernel functions SGLang imports, when the real ones cannot load.
+- CPU stand-ins for the sgl_kernel functions SGLang imports, when the real ones cannot load;
+- a request check that refuses sampling features our verify does not reproduce exactly yet.
 """
 import logging
 import os
@@ -62,6 +63,16 @@ def _torch_native_forward_extend(original, self, q, k, v, layer, forward_batch, 
     return original(self, q, k, v, layer, forward_batch, save_kv_cache)
 
 
+def _validate_request(original, req, enable_overlap):
+    if use_ours():
+        from sglang_dflash.request_check import unsupported_reason
+
+        reason = unsupported_reason(req.sampling_params, getattr(req, "custom_logit_processor", None))
+        if reason:
+            return reason
+    return original(req, enable_overlap)
+
+
 _registered = False
 
 
@@ -82,3 +93,5 @@ def register():
     HookRegistry.register(
         "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend",
         _torch_native_forward_extend, HookType.AROUND)
+    HookRegistry.register("sglang.srt.managers.scheduler.validate_dflash_request", _validate_request,
+                          HookType.AROUND)

@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.distributed import tensor_model_parallel_all_gather
@@ -129,6 +130,7 @@ class DFlashWorker(BaseSpecWorker):
     def _prefill(self, batch, on_publish):
         out = self._target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
         out.new_seq_lens = batch.seq_lens
+        self._reseed_first_tokens(batch, out)
         if on_publish is not None:
             on_publish(out.new_seq_lens)
         features = out.logits_output.hidden_states
@@ -185,6 +187,19 @@ class DFlashWorker(BaseSpecWorker):
             logits = tensor_model_parallel_all_gather(logits.contiguous(), dim=-1)
         return logits[:, : self.vocab_size]
 
+    def _reseed_first_tokens(self, batch, out):
+        """Requests with a sampling_seed: draw the prefill's token with the same (seed, position)
+        rule as verify, so a seeded request is reproducible from its first token on."""
+        sinfo, logits = batch.sampling_info, out.logits_output.next_token_logits
+        seeds = [r.sampling_params.sampling_seed for r in batch.reqs]
+        if sinfo is None or sinfo.is_all_greedy or logits is None or all(s is None for s in seeds):
+            return
+        offsets = [len(r.output_ids) for r in batch.reqs]
+        tokens = target_tokens(logits, 1, sinfo.temperatures, sinfo.top_ps, sinfo.top_ks, sinfo.min_ps,
+                               seeds, offsets).view(-1)
+        seeded = torch.tensor([s is not None for s in seeds], device=tokens.device)
+        out.next_token_ids = torch.where(seeded, tokens.to(out.next_token_ids.dtype), out.next_token_ids)
+
     def _dump_context(self, batch):
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         for req, rpi, n in zip(batch.reqs, batch.req_pool_indices.tolist(), batch.seq_lens.tolist()):
@@ -224,11 +239,15 @@ class DFlashWorker(BaseSpecWorker):
         if sinfo is None or sinfo.is_all_greedy:
             tokens = target_tokens(logits_output.next_token_logits, B)
         else:
+            seeds = [r.sampling_params.sampling_seed for r in batch.reqs]
+            offsets = [len(r.output_ids) for r in batch.reqs]
             tokens = target_tokens(logits_output.next_token_logits, B, sinfo.temperatures, sinfo.top_ps,
-                                   sinfo.top_ks, sinfo.min_ps)
+                                   sinfo.top_ks, sinfo.min_ps, seeds, offsets)
         budget, stops = self._limits(batch)
         _, new_bonus, commit, new_seq_lens, out_tokens = accept_block(draft, tokens, prefix, budget, stops)
         new_seq_lens = new_seq_lens.to(prefix.dtype)
+        if batch.return_logprob:  # SGLang's own spec-logprob gather over the chain layout
+            compute_spec_logprobs(batch, logits_output, out_tokens.clamp(min=0).reshape(-1), chain_stride=B)
         if on_publish is not None:
             on_publish(new_seq_lens)
         t2 = time.perf_counter()

@@ -1,0 +1,98 @@
+"""Lossless sampling at temperature > 0: the verify + accept stages (the worker's exact code path,
+verify.target_tokens + the linear_verify_accept op) reproduce the target's own distribution.
+
+A toy target over a 32-token vocabulary: position 0 has logits L0, and the token after a block
+position holding token a has logits L1[a]. The drafter proposes d1, right about half of the time.
+For 20,000 independent requests we emit the first two tokens exactly as the worker does (the second
+comes from the same block when d1 is accepted, else from the next block's first position) and
+compare their joint distribution with the exact one, p0(a) * p1(b | a), by a chi-square test. The
+test must fail for deliberately broken acceptance rules.
+"""
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from sglang_dflash.accept import accept_block, stop_table
+from sglang_dflash.verify import _filter, target_tokens
+
+V, N, B = 32, 20000, 4
+
+
+def filtered_probs(logits, temp, top_p, top_k, min_p):
+    n = logits.shape[0]
+    p = torch.softmax(logits / temp, -1)
+    return _filter(p, torch.full((n,), top_k), torch.full((n,), top_p), torch.full((n,), min_p))
+
+
+def emit_two(rule, temp, top_p, top_k, min_p, seed=0):
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(1234)
+    L0 = torch.randn(V, generator=g) * 2
+    L1 = torch.randn(V, V, generator=g) * 2
+    p0 = filtered_probs(L0[None], temp, top_p, top_k, min_p)[0]
+    # the drafter: half of the time a fresh draw from p0 (often right), else uniform noise
+    guess = torch.multinomial(p0.expand(N, V), 1).squeeze(1)
+    d1 = torch.where(torch.rand(N) < 0.5, guess, torch.randint(0, V, (N,)))
+    draft = torch.stack([torch.zeros(N, dtype=torch.long), d1, torch.zeros(N, dtype=torch.long),
+                         torch.zeros(N, dtype=torch.long)], 1)
+    logits = torch.stack([L0.expand(N, V), L1[d1], L1[0].expand(N, V), L1[0].expand(N, V)], 1).reshape(N * B, V)
+    params = [torch.full((N,), x) for x in (temp, top_p)] + [torch.full((N,), top_k), torch.full((N,), min_p)]
+    t = target_tokens(logits, B, params[0], params[1], params[2], params[3])
+    acc, bonus, commit, _, out = accept_block(draft, t, torch.zeros(N, dtype=torch.long),
+                                              torch.full((N,), 100), stop_table([set()] * N, "cpu"))
+    first = out[:, 0]
+    # rejected at d1: the second token comes from the next block, anchored at `first`
+    nxt = target_tokens(L1[first], 1, *params).squeeze(1)
+    if rule == "ours":
+        second = torch.where(commit >= 2, out[:, 1], nxt)
+    elif rule == "emit_draft":  # broken: trust the draft token itself
+        second = torch.where(commit >= 2, out[:, 1], d1)
+    elif rule == "ignore_mismatch":  # broken: keep the target sample conditioned on a wrong d1
+        second = t[:, 1]
+    return first, second, p0
+
+
+def chi2_p(first, second, p0, temp, top_p, top_k, min_p):
+    g = torch.Generator().manual_seed(1234)
+    torch.randn(V, generator=g)
+    L1 = torch.randn(V, V, generator=g) * 2
+    p1 = filtered_probs(L1, temp, top_p, top_k, min_p)
+    exact = (p0[:, None] * p1).reshape(-1) * N
+    seen = torch.bincount(first * V + second, minlength=V * V).double()
+    big = exact >= 5  # pool sparse cells so every expected count is >= 5
+    obs = torch.cat([seen[big], seen[~big].sum()[None]]).numpy()
+    exp = torch.cat([exact[big], exact[~big].sum()[None]]).double().numpy()
+    keep = exp > 0
+    assert obs[~keep].sum() == 0, "a token outside the target's support was emitted"
+    return chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
+
+
+CASES = [(1.0, 1.0, -1, 0.0), (0.7, 1.0, -1, 0.0), (1.5, 0.9, -1, 0.0), (1.0, 1.0, 8, 0.0), (1.0, 0.95, 12, 0.05)]
+
+
+@pytest.mark.parametrize("temp,top_p,top_k,min_p", CASES)
+def test_sample_and_match_is_lossless(temp, top_p, top_k, min_p):
+    first, second, p0 = emit_two("ours", temp, top_p, top_k, min_p)
+    p = chi2_p(first, second, p0, temp, top_p, top_k, min_p)
+    print(f"T={temp} top_p={top_p} top_k={top_k} min_p={min_p}: chi-square p={p:.3f}")
+    assert p > 1e-3
+
+
+@pytest.mark.parametrize("rule", ["emit_draft", "ignore_mismatch"])
+def test_broken_rules_are_caught(rule):
+    first, second, p0 = emit_two(rule, 1.0, 1.0, -1, 0.0)
+    assert chi2_p(first, second, p0, 1.0, 1.0, -1, 0.0) < 1e-6
+
+
+def test_seeded_rows_are_reproducible_and_greedy_rows_exact():
+    logits = torch.randn(3 * B, V)
+    temps, ones = torch.tensor([1.0, 1.0, 0.0]), torch.ones(3)
+    ks, mins = torch.tensor([-1, -1, 1]), torch.zeros(3)
+    a = target_tokens(logits, B, temps, ones, ks, mins, seeds=[7, None, None], offsets=[5, 0, 0])
+    b = target_tokens(logits, B, temps, ones, ks, mins, seeds=[7, 8, None], offsets=[5, 0, 0])
+    assert torch.equal(a[0], b[0])
+    assert torch.equal(a[2], logits.view(3, B, V)[2].argmax(-1))
+    # the same (seed, position) draws the same token whatever block row it lands in
+    c = target_tokens(logits[1:2].repeat(B, 1), 1, temps[:1].repeat(B), torch.ones(B), ks[:1].repeat(B),
+                      mins[:1].repeat(B), seeds=[7] * B, offsets=[6] * B)
+    assert len(set(c.view(-1).tolist())) == 1

@@ -1,0 +1,30 @@
+"""Per-request features our verify path does not yet reproduce exactly. Such a request is refused
+with a clear message (the scheduler aborts it, everyone else keeps being served) rather than
+served with a silently different distribution."""
+from __future__ import annotations
+
+from typing import Optional
+
+_UNSUPPORTED = (
+    ("frequency_penalty", lambda v: v not in (None, 0, 0.0)),
+    ("presence_penalty", lambda v: v not in (None, 0, 0.0)),
+    ("repetition_penalty", lambda v: v not in (None, 1, 1.0)),
+    ("min_new_tokens", lambda v: bool(v)),
+    ("logit_bias", lambda v: bool(v)),
+    ("json_schema", lambda v: v is not None),
+    ("regex", lambda v: v is not None),
+    ("ebnf", lambda v: v is not None),
+    ("structural_tag", lambda v: v is not None),
+    ("watermark", lambda v: bool(v)),
+)
+
+
+def unsupported_reason(sampling_params, custom_logit_processor=None) -> Optional[str]:
+    """None when DFLASH (sglang_dflash) serves this request exactly, else the message to return."""
+    bad = [name for name, is_set in _UNSUPPORTED if is_set(getattr(sampling_params, name, None))]
+    if custom_logit_processor:
+        bad.append("custom_logit_processor")
+    if not bad:
+        return None
+    return (f"DFLASH speculative decoding (sglang_dflash) does not support {', '.join(bad)} yet; "
+            "drop the field(s) or send the request to a server without speculative decoding")
