@@ -38,8 +38,10 @@ from sglang_dflash.verify import target_tokens
 logger = logging.getLogger("sglang_dflash")
 
 MAX_BLOCK_SIZE = 64
-# Debug switch (tests): after each prefill, save every request's drafter context K/V rows.
+# Debug switches (tests): save every request's drafter context K/V rows after prefill; make every
+# Nth draft step raise (fault injection).
 DEBUG_DUMP_DIR = os.environ.get("SGLANG_DFLASH_DEBUG_DUMP_DIR")
+DEBUG_FAIL_DRAFT_EVERY = int(os.environ.get("SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY", "0"))
 
 
 class DFlashWorker(BaseSpecWorker):
@@ -67,6 +69,7 @@ class DFlashWorker(BaseSpecWorker):
         self.draft_kv = None
         self.device_type = torch.device(self.device).type
         self.metrics = dflash_metrics.create(self.block_size)
+        self.draft_steps = self.draft_failures = 0
         self.timings = {"draft": 0.0, "verify": 0.0, "kv_write": 0.0}
         logger.info("DFLASH served by sglang_dflash (ours): block_size=%d (drafter trained %d), "
                     "drafter layers=%d, target_layer_ids=%s, mask_token_id=%d, dtype=%s, device=%s",
@@ -148,6 +151,23 @@ class DFlashWorker(BaseSpecWorker):
         out.next_draft_input = make_draft_input_v2(bonus_tokens=out.next_token_ids, new_seq_lens=batch.seq_lens)
         return out
 
+    def _safe_draft(self, batch, prefix, slots, block_ids, positions):
+        """Draft the block; if the drafter fails, verify the bare block [anchor, MASK...] instead:
+        this batch decodes one token per request (output stays exact) and the server keeps going."""
+        self.draft_steps += 1
+        try:
+            if DEBUG_FAIL_DRAFT_EVERY and self.draft_steps % DEBUG_FAIL_DRAFT_EVERY == 0:
+                raise RuntimeError("injected drafter failure (SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY)")
+            attend = self._block_attention(batch, prefix, slots.reshape(-1))
+            return draft_block(self.drafter, attend, self.model_runner.model.model.embed_tokens,
+                               self._lm_head_logits, block_ids, positions)
+        except Exception as e:  # noqa: BLE001 - any drafter fault degrades to plain decoding
+            self.draft_failures += 1
+            logger.warning("DFLASH draft step failed (%s: %s); this batch of %d decodes without a draft "
+                           "(output stays exact). Failures so far: %d", type(e).__name__, e, len(batch.reqs),
+                           self.draft_failures)
+            return block_ids
+
     def _block_attention(self, batch, prefix, block_slots):
         """The non-causal block attention for this step: FlashInfer on CUDA, torch elsewhere."""
         c, B = self.cfg, self.block_size
@@ -210,7 +230,6 @@ class DFlashWorker(BaseSpecWorker):
 
     def _decode(self, batch, on_publish):
         B = self.block_size
-        target_model = self.model_runner.model
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         prefix = batch.seq_lens
         bonus = batch.spec_info.bonus_tokens
@@ -218,9 +237,7 @@ class DFlashWorker(BaseSpecWorker):
         slots = block_slots(req_to_token, batch.req_pool_indices, prefix, B)  # [bs, B]
 
         t0 = time.perf_counter()
-        attend = self._block_attention(batch, prefix, slots.reshape(-1))
-        draft = draft_block(self.drafter, attend, target_model.model.embed_tokens, self._lm_head_logits,
-                            block_ids, positions)
+        draft = self._safe_draft(batch, prefix, slots, block_ids, positions)
         t1 = time.perf_counter()
 
         verify_input = DFlashVerifyInput(draft_token=draft.reshape(-1), positions=positions.reshape(-1),
