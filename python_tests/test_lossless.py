@@ -21,12 +21,14 @@ CHATS = [[{"role": "user", "content": "the water of my people"}],
          [{"role": "system", "content": "you are a man"}, {"role": "user", "content": "call it a day"},
           {"role": "assistant", "content": "one day"}, {"role": "user", "content": "what long sound"}]]
 
-# (arch, dtype, steer strength or None, block size, chunked prefill size)
-CONFIGS = [("llama", "float32", "mixed", 16, None), ("llama", "float32", "mixed", 8, None),
-           ("llama", "float32", "mixed", 4, None), ("qwen3", "float32", "mixed", 16, None),
-           ("qwen3", "float32", "mixed", 8, None), ("qwen3", "float32", "mixed", 4, None),
-           ("llama", "float32", "mixed", 16, 64),  # prompts up to 300 tokens prefill in 64-token chunks
-           ("llama", "bfloat16", None, 16, None)]
+# (arch, dtype, steer strength or None, block size, extra server flags)
+CHUNKED = ("--chunked-prefill-size", "64")  # prompts up to 300 tokens prefill in 64-token chunks
+TP2 = ("--tp-size", "2")  # two CPU ranks: replicated drafter, vocab-parallel LM head
+CONFIGS = [("llama", "float32", "mixed", 16, ()), ("llama", "float32", "mixed", 8, ()),
+           ("llama", "float32", "mixed", 4, ()), ("qwen3", "float32", "mixed", 16, ()),
+           ("qwen3", "float32", "mixed", 8, ()), ("qwen3", "float32", "mixed", 4, ()),
+           ("llama", "float32", "mixed", 16, CHUNKED), ("qwen3", "float32", "mixed", 16, TP2),
+           ("llama", "bfloat16", None, 16, ())]
 _refs = {}
 
 
@@ -45,20 +47,18 @@ def chat(url, messages, stream=False):
 
 
 @pytest.fixture(scope="module", params=CONFIGS,
-                ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}-b{c[3]}" + (f"-chunk{c[4]}" if c[4] else ""))
+                ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}-b{c[3]}" + "".join(c[4]).replace("--", "-"))
 def served(request, pair):
     from conftest import MIXED
 
-    arch, dtype, steer, block, chunk = request.param
+    arch, dtype, steer, block, flags = request.param
     target, drafter = pair(arch, dtype, MIXED[arch] if steer else None)
     key = (target, dtype)
     if key not in _refs:
         with launch(target, None, dtype, name=f"plain-{arch}-{dtype}") as plain:
             _refs[key] = {"gen": reference(plain, PROMPTS, MAX_NEW),
                           "chat": [chat(plain.url, m) for m in CHATS]}
-    extra = ["--speculative-num-draft-tokens", str(block)]
-    if chunk:
-        extra += ["--chunked-prefill-size", str(chunk)]
+    extra = ["--speculative-num-draft-tokens", str(block), *flags]
     with launch(target, drafter, dtype, extra=extra, name=f"dflash-{arch}-{dtype}-b{block}") as srv:
         yield srv, _refs[key], request.param[:4]
 

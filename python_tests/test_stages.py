@@ -171,3 +171,9 @@ def test_launcher_fills_cpu_defaults_but_never_overrides():
     assert args[args.index("--speculative-algorithm") + 1] == "DFLASH"
     assert args[args.index("--attention-backend") + 1] == "torch_native" and "--disable-cuda-graph" in args
     assert "--device" not in with_defaults(["--model-path", "m"], gpu=True)
+
+
+def test_cpu_binding_for_tp_ranks():
+    from sglang_dflash.launch import cpu_binding
+
+    assert cpu_binding(2, 2) == "0|1" and cpu_binding(2, 4) == "0-1|2-3" and cpu_binding(1, 2) == "0-1"

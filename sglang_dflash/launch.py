@@ -38,6 +38,13 @@ def with_defaults(argv: list[str], gpu: bool) -> list[str]:
     return args
 
 
+def cpu_binding(ranks: int, cores: int) -> str:
+    """Split the cores evenly over the TP ranks: 2 ranks on 4 cores -> '0-1|2-3'."""
+    per = max(1, cores // ranks)
+    spans = [(min(i * per, cores - 1), min(i * per + per - 1, cores - 1)) for i in range(ranks)]
+    return "|".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
 def _flag(args: list[str], name: str, default: str) -> str:
     for i, a in enumerate(args):
         if a == name and i + 1 < len(args):
@@ -50,10 +57,13 @@ def _flag(args: list[str], name: str, default: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     gpu = has_gpu()
+    args = with_defaults(argv, gpu)
     if not gpu:
         for k, v in CPU_ENV.items():
             os.environ.setdefault(k, v)
-    args = with_defaults(argv, gpu)
+        tp = int(_flag(args, "--tp-size", _flag(args, "--tp", "1")))
+        if tp > 1:  # SGLang's CPU TP wants one core set per rank
+            os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", cpu_binding(tp, os.cpu_count() or 1))
     print("sglang_dflash.launch: python -m sglang.launch_server " + " ".join(args), flush=True)
     host, port = _flag(args, "--host", "127.0.0.1"), _flag(args, "--port", "30000")
     print(f"sglang_dflash.launch: serving at http://{host}:{port} once healthy; try:\n"

@@ -63,6 +63,15 @@ def _torch_native_forward_extend(original, self, q, k, v, layer, forward_batch, 
     return original(self, q, k, v, layer, forward_batch, save_kv_cache)
 
 
+def _init_model_parallel_group(original, group_ranks, local_rank, backend, *args, **kwargs):
+    # SGLang 0.5.23 builds NCCL communicators for every non-NPU/XPU group, so tensor parallelism
+    # cannot start on CPU (gloo): keep those groups on gloo alone.
+    if backend == "gloo" and not args:
+        kwargs.setdefault("use_pynccl", False)
+        kwargs.setdefault("use_custom_allreduce", False)
+    return original(group_ranks, local_rank, backend, *args, **kwargs)
+
+
 def _validate_request(original, req, enable_overlap):
     if use_ours():
         from sglang_dflash.request_check import unsupported_reason
@@ -95,3 +104,5 @@ def register():
         _torch_native_forward_extend, HookType.AROUND)
     HookRegistry.register("sglang.srt.managers.scheduler.validate_dflash_request", _validate_request,
                           HookType.AROUND)
+    HookRegistry.register("sglang.srt.distributed.parallel_state.init_model_parallel_group",
+                          _init_model_parallel_group, HookType.AROUND)
