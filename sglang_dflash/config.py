@@ -57,10 +57,6 @@ class DrafterConfig:
     def num_context_layers(self) -> int:
         return len(self.target_layer_ids)
 
-    def summary(self) -> str:
-        return (f"block_size={self.block_size} layers={self.num_layers} "
-                f"target_layer_ids={self.target_layer_ids} mask_token_id={self.mask_token_id}")
-
 
 def _get(cfg: dict, key: str, default: Any = None) -> Any:
     dflash = cfg.get("dflash_config") or {}

@@ -15,7 +15,3 @@ class DraftKVCache:
         shape = (num_layers, num_slots, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-
-    @property
-    def num_slots(self) -> int:
-        return self.k.shape[1]
