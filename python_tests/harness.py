@@ -149,3 +149,13 @@ def assert_lossless(refs, outs, tie: float):
 def dump_json(path, obj):
     with open(path, "w") as f:
         json.dump(obj, f)
+
+
+PENALTIES = [{"frequency_penalty": 0.5}, {"presence_penalty": 0.8}, {"repetition_penalty": 1.3},
+             {"repetition_penalty": 0.8}, {"frequency_penalty": 0.3, "presence_penalty": 0.2},
+             {"min_new_tokens": 24, "stop_token_ids": [42]}, {"logit_bias": {"42": -2.5, "7": 1.5}}]
+
+
+def penalty_cases(batch):
+    """(prompt, sampling params) pairs covering every penalty plain decoding applies."""
+    return [(p, dict(c)) for p in batch for c in PENALTIES]

@@ -96,3 +96,71 @@ def test_seeded_rows_are_reproducible_and_greedy_rows_exact():
     c = target_tokens(logits[1:2].repeat(B, 1), 1, temps[:1].repeat(B), torch.ones(B), ks[:1].repeat(B),
                       mins[:1].repeat(B), seeds=[7] * B, offsets=[6] * B)
     assert len(set(c.view(-1).tolist())) == 1
+
+
+# ---- DFlash 2: a draft with its own distribution q (the selector's sampled path) ------------------
+def selector_draft(n, temp, L0, seed=0):
+    """n sampled paths through a real CandidateSelector over the toy vocabulary -> draft [n, B], cand, q."""
+    from sglang_dflash.model.selector import CandidateSelector
+    from sglang_dflash.path import sample_path
+
+    g = torch.Generator().manual_seed(99)
+    sel = CandidateSelector(hidden=16, vocab=V, rank=4, top_k=8)
+    with torch.no_grad():
+        for prm in sel.parameters():
+            prm.copy_(torch.randn(prm.shape, generator=g) * 0.5)
+    unary = torch.randn(B - 1, V, generator=g) * 2  # the drafter's logits per proposal slot ...
+    unary[0] = L0 + torch.randn(V, generator=g)  # ... the first one a noisy copy of the target's
+    hidden = torch.randn(B - 1, 16, generator=g)
+    torch.manual_seed(seed)
+    values, cand = sel.candidates(unary.expand(n, -1, -1))
+    with torch.no_grad():
+        edges = sel.edges(torch.zeros(n, dtype=torch.long), cand, values, hidden.expand(n, -1, -1))
+    idx, q = sample_path(edges, torch.full((n,), temp), -torch.log(torch.empty(n, B - 1, 8).exponential_()))
+    draft = torch.cat([torch.zeros(n, 1, dtype=torch.long), cand.gather(2, idx[..., None]).squeeze(2)], 1)
+    return draft, cand, q
+
+
+def emit_two_with_q(rule, temp, top_p, top_k, min_p):
+    from sglang_dflash.verify import exponential, race
+
+    g = torch.Generator().manual_seed(1234)
+    L0 = torch.randn(V, generator=g) * 2
+    L1 = torch.randn(V, V, generator=g) * 2
+    p0 = filtered_probs(L0[None], temp, top_p, top_k, min_p)[0]
+    draft, cand, q = selector_draft(N, temp, L0)
+    logits = torch.stack([L0.expand(N, V), L1[draft[:, 1]], L1[draft[:, 2]], L1[draft[:, 3]]], 1).reshape(N * B, V)
+    params = [torch.full((N,), x) for x in (temp, top_p)] + [torch.full((N,), top_k), torch.full((N,), min_p)]
+    t = target_tokens(logits, B, *params, draft=draft, cand_ids=cand, q=q)
+    if rule != "ours":  # deliberately broken rules, built from the same pieces
+        probs = filtered_probs(logits, temp, top_p, top_k, min_p).view(N, B, V)
+        fresh = race(probs.reshape(-1, V), exponential(N, B, V, None, None, 0, "cpu")).view(N, B)
+        x = draft[:, 1:]
+        p_x = probs[:, :-1].gather(2, x[..., None]).squeeze(2)
+        if rule == "resample_from_p":  # keep the accept test, but redraw rejects from p, not the residual
+            t = torch.cat([torch.where(t[:, :-1] == x, x, fresh[:, :-1]), t[:, -1:]], 1)
+        elif rule == "ignore_q":  # accept with probability p(x), as if q were a point mass
+            keep = torch.rand(N, B - 1) < p_x
+            t = torch.cat([torch.where(keep, x, fresh[:, :-1]), t[:, -1:]], 1)
+    acc, bonus, commit, _, out = accept_block(draft, t, torch.zeros(N, dtype=torch.long),
+                                              torch.full((N,), 100), stop_table([set()] * N, "cpu"))
+    first = out[:, 0]
+    nxt = target_tokens(L1[first], 1, *params).squeeze(1)
+    second = torch.where(commit >= 2, out[:, 1], nxt)
+    return first, second, p0, commit
+
+
+@pytest.mark.parametrize("temp,top_p,top_k,min_p", CASES)
+def test_rejection_sampling_with_selector_q_is_lossless(temp, top_p, top_k, min_p):
+    first, second, p0, commit = emit_two_with_q("ours", temp, top_p, top_k, min_p)
+    p = chi2_p(first, second, p0, temp, top_p, top_k, min_p)
+    print(f"T={temp} top_p={top_p} top_k={top_k} min_p={min_p}: chi-square p={p:.3f}, "
+          f"mean accepted length {commit.float().mean():.2f}")
+    assert p > 1e-3
+    assert 0.2 < float((commit >= 2).float().mean()) < 0.9  # the draft is right part of the time
+
+
+@pytest.mark.parametrize("rule", ["resample_from_p", "ignore_q"])
+def test_broken_rejection_rules_are_caught(rule):
+    first, second, p0, _ = emit_two_with_q(rule, 1.0, 1.0, -1, 0.0)
+    assert chi2_p(first, second, p0, 1.0, 1.0, -1, 0.0) < 1e-6

@@ -7,7 +7,7 @@ import pytest
 import requests
 import torch
 
-from harness import launch, prompts
+from harness import launch, penalty_cases, prompts
 
 SAMPLES = prompts(6, seed=3, max_len=40)
 
@@ -35,25 +35,47 @@ def mixed(pair, tmp_path_factory):
     from conftest import MIXED
 
     target, drafter = pair("llama", "float32", MIXED["llama"])
-    with launch(target, None, "float32", name="plain-stops") as plain:
+    # Penalties: plain decoding counts every output token only without overlap scheduling (SGLang's
+    # overlap scheduler counts them one step late), and DFLASH runs without overlap; compare with that.
+    with launch(target, None, "float32", name="plain-stops", extra=["--disable-overlap-schedule"]) as plain:
         base = [run_case(plain, p, {}) for p in SAMPLES]
         cases = stop_cases(base)
         want = [run_case(plain, p, c) for p, c in cases]
+        pen_want = [run_case(plain, p, c) for p, c in penalty_cases(SAMPLES)]
     dump = tmp_path_factory.mktemp("kvdump")
     with launch(target, drafter, "float32", name="dflash-serving", extra=["--enable-metrics"],
                 env={"SGLANG_DFLASH_DEBUG_DUMP_DIR": str(dump)}) as srv:
-        yield srv, cases, want, dump
+        yield srv, cases, want, dump, (base, pen_want)
 
 
 @pytest.mark.server
 def test_finish_inside_block_matches_plain(mixed):
-    srv, cases, want, _ = mixed
+    srv, cases, want, *_ = mixed
     assert len(cases) >= 30
     for (p, c), w in zip(cases, want):
         got = run_case(srv, p, c)
         assert got["output_ids"] == w["output_ids"], c
         assert got["meta_info"]["finish_reason"] == w["meta_info"]["finish_reason"], c
         assert got["meta_info"]["completion_tokens"] == len(w["output_ids"])
+
+
+@pytest.mark.server
+def test_penalties_inside_blocks_match_plain(mixed):
+    """Frequency/presence/repetition penalties, min_new_tokens and logit_bias, exact under DFLASH:
+    the drafter keeps proposing the steer token, so in-block counts decide the outcome."""
+    srv, *_, (base, pen_want) = mixed
+    cases = penalty_cases(SAMPLES)
+    changed = verify_ct = completion = 0
+    for (p, c), w in zip(cases, pen_want):
+        got = run_case(srv, p, c)
+        assert got["output_ids"] == w["output_ids"], c
+        assert got["meta_info"]["finish_reason"] == w["meta_info"]["finish_reason"], c
+        changed += w["output_ids"] != base[SAMPLES.index(p)]["output_ids"]
+        verify_ct += got["meta_info"]["spec_verify_ct"]
+        completion += got["meta_info"]["completion_tokens"]
+    assert changed >= len(cases) // 2, "the penalties should change most outputs"
+    print(f"penalized requests: {changed}/{len(cases)} changed by penalties, tau {completion / verify_ct:.2f}")
+    assert completion / verify_ct > 1.2, "drafts should still be accepted with penalties"
 
 
 @pytest.mark.server
@@ -87,7 +109,7 @@ def test_abort_frees_every_slot(mixed):
 
 @pytest.mark.server
 def test_prefix_cache_same_tokens_and_same_draft_kv(mixed):
-    srv, _, _, dump = mixed
+    srv, _, _, dump, _ = mixed
     prefix = prompts(4, seed=11, max_len=200)[3]  # the 200-token one
     a, b = prefix + [5, 6, 7], prefix + [9, 10]
 
@@ -152,7 +174,7 @@ def test_dflash_metrics_match_meta_info(mixed):
 def test_greedy_exact_and_seeded_reproducible_in_a_sampling_batch(mixed):
     import concurrent.futures as cf
 
-    srv, cases, want, _ = mixed
+    srv, cases, want, *_ = mixed
     greedy = list(zip(cases, want))[:12]
     sampled = [(p, {"temperature": 1.0, "top_p": 0.9, "sampling_seed": 1000 + i}) for i, p in enumerate(SAMPLES)]
     jobs = [c for c, _ in greedy] + sampled + sampled
@@ -181,8 +203,7 @@ def test_logprobs_with_dflash(mixed):
 @pytest.mark.server
 def test_unsupported_sampling_features_are_refused_clearly(mixed):
     srv = mixed[0]
-    for params in ({"frequency_penalty": 0.5}, {"repetition_penalty": 1.2}, {"regex": "a+"},
-                   {"min_new_tokens": 4}):
+    for params in ({"regex": "a+"}, {"json_schema": '{"type": "string"}'}, {"ebnf": 'root ::= "a"'}):
         body = {"input_ids": SAMPLES[1], "sampling_params": {"max_new_tokens": 8, **params}}
         r = requests.post(srv.url + "/generate", json=body, timeout=120)
         text = r.text

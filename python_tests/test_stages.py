@@ -156,11 +156,13 @@ def test_request_check_names_each_unsupported_field():
     plain = SimpleNamespace(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0, min_new_tokens=0,
                             logit_bias=None, json_schema=None, regex=None, ebnf=None, structural_tag=None)
     assert unsupported_reason(plain) is None
-    for field, value in [("frequency_penalty", 0.3), ("repetition_penalty", 1.1), ("json_schema", "{}"),
-                         ("min_new_tokens", 2), ("logit_bias", {"1": 2.0})]:
+    for field, value in [("regex", "a+"), ("ebnf", "root ::= x"), ("json_schema", "{}"), ("watermark", {"k": 1})]:
         msg = unsupported_reason(SimpleNamespace(**{**vars(plain), field: value}))
         assert field in msg and "sglang_dflash" in msg
     assert "custom_logit_processor" in unsupported_reason(plain, custom_logit_processor="x")
+    served = SimpleNamespace(**{**vars(plain), "frequency_penalty": 0.3, "presence_penalty": 0.2,
+                                "repetition_penalty": 1.1, "min_new_tokens": 2, "logit_bias": {"1": 2.0}})
+    assert unsupported_reason(served) is None  # penalties are served exactly (penalties.py)
 
 
 def test_launcher_fills_cpu_defaults_but_never_overrides():

@@ -51,11 +51,57 @@ class DrafterConfig:
     num_target_layers: Optional[int]
     sliding_window: Optional[int] = None
     layer_types: list[str] = field(default_factory=list)
+    dflash2: Optional["DFlash2Config"] = None
     raw: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_context_layers(self) -> int:
         return len(self.target_layer_ids)
+
+
+@dataclass
+class DFlash2Config:
+    """DFlash 2 additions: two-tap grouped dynamic convolutions and the candidate path selector."""
+    conv_kernel_size: int  # taps per dynamic convolution (2)
+    conv_group_size: int  # channels sharing one dynamic coefficient (16)
+    selector_rank: int  # rank of the predecessor/successor codebooks (256)
+    selector_top_k: int  # candidates kept per block position (16)
+    output_multiplier: float = 1.0  # scales candidate logits before the selector scores them
+    final_logit_softcapping: Optional[float] = None  # cap * tanh(logit / cap) on candidate logits
+
+    @property
+    def uses_conv(self) -> bool:
+        return self.conv_kernel_size > 0
+
+
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+def parse_dflash2(cfg: dict, hidden: int) -> Optional[DFlash2Config]:
+    """None for a DFlash 1 checkpoint; the DFlash 2 fields (all four required together) otherwise."""
+    present = [k for k in DFLASH2_FIELDS if _get(cfg, k) is not None]
+    if not present:
+        return None
+    missing = [k for k in DFLASH2_FIELDS if k not in present]
+    if missing:
+        raise DrafterConfigError(f"DFlash 2 drafter config sets {present} but lacks {missing}; a DFlash 2 "
+                                 "checkpoint needs all of conv_kernel_size, conv_group_size, selector_rank, "
+                                 "selector_top_k (in dflash_config)")
+    d = {k: _get(cfg, k) for k in DFLASH2_FIELDS}
+    for k, v in d.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if k == "conv_kernel_size" else 1):
+            raise DrafterConfigError(f"dflash_config.{k} must be a positive int, got {v!r}")
+    if hidden % d["conv_group_size"]:
+        raise DrafterConfigError(f"dflash_config.conv_group_size={d['conv_group_size']} must divide "
+                                 f"hidden_size={hidden}")
+    mult = _get(cfg, "output_multiplier", 1.0)
+    cap = _get(cfg, "final_logit_softcapping")
+    if not isinstance(mult, (int, float)) or mult <= 0:
+        raise DrafterConfigError(f"drafter config output_multiplier must be a positive number, got {mult!r}")
+    if cap is not None and (not isinstance(cap, (int, float)) or cap <= 0):
+        raise DrafterConfigError(f"drafter config final_logit_softcapping must be a positive number or null, "
+                                 f"got {cap!r}")
+    return DFlash2Config(**d, output_multiplier=float(mult), final_logit_softcapping=cap and float(cap))
 
 
 def _get(cfg: dict, key: str, default: Any = None) -> Any:
@@ -136,7 +182,7 @@ def parse_drafter_config(cfg: dict, target_num_layers: int) -> DrafterConfig:
         rope_theta=float(rope_theta), block_size=block_size,
         mask_token_id=mask_token_id, mask_token=mask_token, target_layer_ids=list(ids),
         num_target_layers=num_target_layers, sliding_window=cfg.get("sliding_window"),
-        layer_types=list(cfg.get("layer_types") or []), raw=cfg)
+        layer_types=list(cfg.get("layer_types") or []), dflash2=parse_dflash2(cfg, hidden), raw=cfg)
 
 
 def check_against_target(cfg: DrafterConfig, *, hidden_size: int, vocab_size: int,
@@ -157,6 +203,9 @@ def check_against_target(cfg: DrafterConfig, *, hidden_size: int, vocab_size: in
         raise DrafterConfigError(
             f"drafter block_size={cfg.block_size} is larger than this server allows ({max_block_size}); "
             "lower --speculative-dflash-block-size or raise the limit")
+    if cfg.dflash2 is not None and cfg.dflash2.selector_top_k > vocab_size:
+        raise DrafterConfigError(f"dflash_config.selector_top_k={cfg.dflash2.selector_top_k} exceeds the "
+                                 f"target vocabulary ({vocab_size})")
     if cfg.mask_token_id is not None and not 0 <= cfg.mask_token_id < vocab_size:
         raise DrafterConfigError(f"dflash_config.mask_token_id={cfg.mask_token_id} is outside the "
                                  f"target vocabulary (size {vocab_size})")

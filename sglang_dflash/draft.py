@@ -1,29 +1,58 @@
-"""Stage: draft a whole block in ONE non-causal drafter forward, logits from the target's LM head."""
+"""Stage: draft a whole block in ONE non-causal drafter forward, logits from the target's LM head.
+
+DFlash 1: the proposals are the argmax at every block position. DFlash 2: the selector keeps the
+top-k candidates per position and path.py walks one path through them from the anchor (best path
+for greedy requests; a sampled path with its distribution q for sampled ones).
+"""
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 
 from sglang_dflash.model.drafter import DFlashDrafter
+from sglang_dflash.path import best_path, sample_path
 
 # attend(layer, q [N, H, D], k_blk [N, Hkv, D], v_blk [N, Hkv, D]) -> [N, H, D]; see attention.py
 BlockAttention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [bs, B]: column 0 the anchor, columns 1.. the proposals
+    cand_ids: Optional[torch.Tensor] = None  # [bs, B-1, K] DFlash 2 candidates per proposal slot
+    q: Optional[torch.Tensor] = None  # [bs, B-1, K] the distribution each sampled slot was drawn from
+
+
 @torch.inference_mode()
-def draft_block(drafter: DFlashDrafter, attend: BlockAttention, embed: Callable[[torch.Tensor], torch.Tensor],
-                logits_fn: Callable[[torch.Tensor], torch.Tensor], block_ids: torch.Tensor,
-                positions: torch.Tensor) -> torch.Tensor:
+def propose(drafter: DFlashDrafter, attend: BlockAttention, embed: Callable[[torch.Tensor], torch.Tensor],
+            logits_fn: Callable[[torch.Tensor], torch.Tensor], block_ids: torch.Tensor, positions: torch.Tensor,
+            temperatures: Optional[torch.Tensor] = None, gumbel: Optional[torch.Tensor] = None) -> Proposal:
     """block_ids, positions [bs, B]; attend: non-causal attention over context + block per request.
     embed: token ids [N] -> [N, H] (the target's); logits_fn: [N, H] -> [N, V] (the target's LM head).
-
-    Returns draft tokens [bs, B]: column 0 is the anchor (block_ids[:, 0]), columns 1.. the proposals.
-    """
+    temperatures [bs] (<= 0 greedy) and gumbel [bs, B-1, K] noise: sampled DFlash 2 paths."""
     bs, block = block_ids.shape
     x = embed(block_ids.reshape(-1)).to(drafter.fc.weight.dtype)  # [bs*B, H]
-    hidden = drafter(x, positions.reshape(-1), attend).view(bs, block, -1)
-    logits = logits_fn(hidden[:, 1:, :].reshape(bs * (block - 1), -1))  # [bs*(B-1), V]
+    hidden = drafter(x, positions.reshape(-1), attend, block).view(bs, block, -1)
+    slots = hidden[:, 1:, :]  # [bs, B-1, H]
+    logits = logits_fn(slots.reshape(bs * (block - 1), -1)).view(bs, block - 1, -1)  # [bs, B-1, V]
     out = block_ids.clone()
-    out[:, 1:] = logits.argmax(dim=-1).view(bs, block - 1)
-    return out
+    selector = drafter.selector
+    if selector is None:
+        out[:, 1:] = logits.argmax(dim=-1)
+        return Proposal(out)
+    values, cand = selector.candidates(logits)  # [bs, B-1, K]
+    edges = selector.edges(block_ids[:, 0], cand, values, slots)  # [bs, B-1, K, K]
+    idx, q = best_path(edges), None
+    if temperatures is not None and bool((temperatures > 0).any()):
+        sampled_idx, q = sample_path(edges, temperatures.clamp_min(1e-6), gumbel)
+        idx = torch.where((temperatures > 0)[:, None], sampled_idx, idx)
+    out[:, 1:] = cand.gather(2, idx[..., None]).squeeze(2)
+    return Proposal(out, cand, q)
+
+
+def draft_block(drafter: DFlashDrafter, attend: BlockAttention, embed, logits_fn, block_ids: torch.Tensor,
+                positions: torch.Tensor) -> torch.Tensor:
+    """Greedy proposal tokens [bs, B] (see propose)."""
+    return propose(drafter, attend, embed, logits_fn, block_ids, positions).tokens

@@ -1,16 +1,12 @@
 """Per-request features our verify path does not yet reproduce exactly. Such a request is refused
 with a clear message (the scheduler aborts it, everyone else keeps being served) rather than
-served with a silently different distribution."""
+served with a silently different distribution. Penalties, min_new_tokens and logit_bias are served
+exactly (penalties.py); grammars, watermarks and custom logit processors are not yet."""
 from __future__ import annotations
 
 from typing import Optional
 
 _UNSUPPORTED = (
-    ("frequency_penalty", lambda v: v not in (None, 0, 0.0)),
-    ("presence_penalty", lambda v: v not in (None, 0, 0.0)),
-    ("repetition_penalty", lambda v: v not in (None, 1, 1.0)),
-    ("min_new_tokens", lambda v: bool(v)),
-    ("logit_bias", lambda v: bool(v)),
     ("json_schema", lambda v: v is not None),
     ("regex", lambda v: v is not None),
     ("ebnf", lambda v: v is not None),

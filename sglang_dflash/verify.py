@@ -1,8 +1,16 @@
 """Stage: turn the target's verify logits into the target's own token at every block position.
 
-Greedy rows take the argmax. Sampled rows draw from the target's distribution after temperature,
-top-k, top-p and min-p, exactly as plain decoding would for that position; with a point-mass draft
-"sample and match" acceptance (accept.py) is then lossless.
+Every rule yields target_tokens[i, j] = what the TARGET emits after block position j; accept.py
+accepts while draft[i, j + 1] == target_tokens[i, j]. Losslessness per rule:
+- greedy rows: the argmax.
+- sampled rows, point-mass draft (DFlash 1, or any draft without q): a sample from the target's
+  distribution after temperature, top-k, top-p and min-p, exactly as plain decoding draws it
+  ("sample and match").
+- sampled rows whose draft carries its own distribution q (the DFlash 2 selector): speculative
+  rejection sampling. Draft x = d[j + 1] is kept with probability min(1, p(x) / q(x)); otherwise
+  the row's token is drawn from the residual max(0, p - q) (normalized), which never equals x.
+  The last row (bonus) is a plain sample from p.
+Penalties are applied to the logits before this stage (penalties.py).
 """
 from __future__ import annotations
 
@@ -10,15 +18,20 @@ from typing import Optional
 
 import torch
 
+# Noise streams for seeded requests (keyed by (seed, output position, stream)).
+TARGET, ACCEPT, RESIDUAL, WALK = 0, 1, 2, 3
+
 
 def target_tokens(logits: torch.Tensor, block: int, temperatures: Optional[torch.Tensor] = None,
                   top_ps: Optional[torch.Tensor] = None, top_ks: Optional[torch.Tensor] = None,
                   min_ps: Optional[torch.Tensor] = None, seeds: Optional[list] = None,
-                  offsets: Optional[list] = None):
+                  offsets: Optional[list] = None, draft: Optional[torch.Tensor] = None,
+                  cand_ids: Optional[torch.Tensor] = None, q: Optional[torch.Tensor] = None):
     """logits [bs*B, V]; per-request params [bs] (None = all greedy) -> tokens [bs, B] int64.
 
-    seeds[i] (int or None) makes request i reproducible: the sample at output position
-    offsets[i] + j depends only on (seed, position), not on batching or acceptance history."""
+    seeds[i] (int or None) makes request i reproducible: the noise at output position
+    offsets[i] + j depends only on (seed, position), not on batching or acceptance history.
+    draft [bs, B], cand_ids / q [bs, B-1, K]: a draft with its own distribution (rejection rule)."""
     bs = logits.shape[0] // block
     greedy = logits.argmax(dim=-1).view(bs, block)
     if temperatures is None:
@@ -34,18 +47,51 @@ def target_tokens(logits: torch.Tensor, block: int, temperatures: Optional[torch
                     rep(min_ps) if min_ps is not None else None)
     # Exponential race: argmax(p / E), E ~ Exp(1), draws exactly from p (like multinomial) and lets
     # seeded rows bring their own noise.
-    noise = torch.empty_like(probs).exponential_()
-    for i, seed in enumerate(seeds or ()):
-        if seed is not None:
-            for j in range(block):
-                g = torch.Generator().manual_seed(_mix(int(seed), int(offsets[i]) + j))
-                noise[i * block + j] = torch.empty(probs.shape[1]).exponential_(generator=g).to(noise.device)
-    sampled = (probs / noise).argmax(dim=-1).view(bs, block)
+    sampled = race(probs, exponential(bs, block, probs.shape[1], seeds, offsets, TARGET, probs.device))
+    sampled = sampled.view(bs, block)
+    if q is not None:
+        sampled = _rejection(probs.view(bs, block, -1), sampled, draft, cand_ids, q, seeds, offsets)
     return torch.where(is_greedy[:, None], greedy, sampled)
 
 
-def _mix(seed: int, position: int) -> int:
-    return (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9) % (1 << 63)
+def _rejection(probs, sampled, draft, cand_ids, q, seeds, offsets):
+    """probs [bs, B, V] target; sampled [bs, B] plain target samples; draft [bs, B];
+    cand_ids, q [bs, B-1, K] -> tokens [bs, B] under the speculative rejection rule."""
+    bs, block, vocab = probs.shape
+    q_dense = torch.zeros(bs, block - 1, vocab, device=probs.device).scatter_(2, cand_ids, q.float())
+    x = draft[:, 1:].to(torch.int64)[..., None]
+    p_x, q_x = probs[:, :-1].gather(2, x).squeeze(2), q_dense.gather(2, x).squeeze(2)
+    u = torch.exp(-exponential(bs, block - 1, 1, seeds, offsets, ACCEPT, probs.device).squeeze(2))  # U(0, 1)
+    accept = (q_x > 0) & (u * q_x <= p_x)
+    residual = (probs[:, :-1] - q_dense).clamp_min(0)
+    empty = residual.sum(-1, keepdim=True) <= 0  # p == q: never rejected in exact arithmetic
+    residual = torch.where(empty, probs[:, :-1], residual)
+    redraw = race(residual.reshape(-1, vocab),
+                  exponential(bs, block - 1, vocab, seeds, offsets, RESIDUAL, probs.device)).view(bs, block - 1)
+    out = sampled.clone()
+    out[:, :-1] = torch.where(accept, x.squeeze(2), redraw)
+    return out
+
+
+def race(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """weights [N, V] >= 0 (unnormalized ok); noise Exp(1) [N, V] (or [bs, B, V]) -> [N] draws."""
+    return (weights / noise.reshape(weights.shape)).argmax(dim=-1)
+
+
+def exponential(bs: int, block: int, width: int, seeds: Optional[list], offsets: Optional[list],
+                stream: int, device) -> torch.Tensor:
+    """Exp(1) noise [bs, block, width]; rows of seeded requests come from (seed, position, stream)."""
+    noise = torch.empty(bs, block, width, device=device).exponential_()
+    for i, seed in enumerate(seeds or ()):
+        if seed is not None:
+            for j in range(block):
+                g = torch.Generator().manual_seed(_mix(int(seed), int(offsets[i]) + j, stream))
+                noise[i, j] = torch.empty(width).exponential_(generator=g).to(device)
+    return noise
+
+
+def _mix(seed: int, position: int, stream: int = 0) -> int:
+    return (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + stream * 0x94D049BB133111EB) % (1 << 63)
 
 
 def _filter(probs: torch.Tensor, top_ks: torch.Tensor, top_ps, min_ps) -> torch.Tensor:

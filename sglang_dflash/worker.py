@@ -23,17 +23,19 @@ from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
-from sglang_dflash.accept import accept_block, stop_table
+from sglang_dflash.accept import accept_block
 from sglang_dflash.attention import TorchBlockAttention
+from sglang_dflash.batch_sampling import limits, penalty_rows, sampling_rows
 from sglang_dflash.block import block_slots, build_block
 from sglang_dflash.config import check_against_target, load_drafter_config
-from sglang_dflash.draft import draft_block
+from sglang_dflash.draft import Proposal, propose
 from sglang_dflash.draft_kv import DraftKVCache
 from sglang_dflash import metrics as dflash_metrics
 from sglang_dflash.model.loader import load_drafter
 from sglang_dflash.projection import committed_rows, write_context
 from sglang_dflash.startup import resolve_mask_token_id
-from sglang_dflash.verify import target_tokens
+from sglang_dflash.penalties import apply_penalties
+from sglang_dflash.verify import WALK, exponential, target_tokens
 
 logger = logging.getLogger("sglang_dflash")
 
@@ -70,11 +72,11 @@ class DFlashWorker(BaseSpecWorker):
         self.device_type = torch.device(self.device).type
         self.metrics = dflash_metrics.create(self.block_size)
         self.draft_steps = self.draft_failures = 0
-        self.timings = {"draft": 0.0, "verify": 0.0, "kv_write": 0.0}
         logger.info("DFLASH served by sglang_dflash (ours): block_size=%d (drafter trained %d), "
-                    "drafter layers=%d, target_layer_ids=%s, mask_token_id=%d, dtype=%s, device=%s",
+                    "drafter layers=%d, target_layer_ids=%s, mask_token_id=%d, dtype=%s, device=%s, %s",
                     self.block_size, self.cfg.block_size, self.cfg.num_layers, self.cfg.target_layer_ids,
-                    self.mask_token_id, runner.dtype, self.device)
+                    self.mask_token_id, runner.dtype, self.device,
+                    "DFlash 2 (%s)" % self.cfg.dflash2 if self.cfg.dflash2 else "DFlash 1")
 
     def _check_capture_layers(self, model):
         want = [i + 1 for i in self.cfg.target_layer_ids]  # SGLang captures the input of layer id+1
@@ -139,19 +141,17 @@ class DFlashWorker(BaseSpecWorker):
         features = out.logits_output.hidden_states
         if features is None:
             raise RuntimeError("DFLASH prefill got no target features; the target did not capture aux layers")
-        t0 = time.perf_counter()
         dev = features.device
         positions = torch.cat([torch.arange(p, p + n, device=dev)
                                for p, n in zip(batch.prefix_lens, batch.extend_lens)])
         write_context(self.drafter, self.draft_kv, features, positions, batch.out_cache_loc.to(torch.int64))
-        self.timings["kv_write"] += time.perf_counter() - t0
         if DEBUG_DUMP_DIR:
             self._dump_context(batch)
         out.logits_output.hidden_states = None
         out.next_draft_input = make_draft_input_v2(bonus_tokens=out.next_token_ids, new_seq_lens=batch.seq_lens)
         return out
 
-    def _safe_draft(self, batch, prefix, slots, block_ids, positions):
+    def _safe_draft(self, batch, prefix, slots, block_ids, positions, rows) -> Proposal:
         """Draft the block; if the drafter fails, verify the bare block [anchor, MASK...] instead:
         this batch decodes one token per request (output stays exact) and the server keeps going."""
         self.draft_steps += 1
@@ -159,14 +159,21 @@ class DFlashWorker(BaseSpecWorker):
             if DEBUG_FAIL_DRAFT_EVERY and self.draft_steps % DEBUG_FAIL_DRAFT_EVERY == 0:
                 raise RuntimeError("injected drafter failure (SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY)")
             attend = self._block_attention(batch, prefix, slots.reshape(-1))
-            return draft_block(self.drafter, attend, self.model_runner.model.model.embed_tokens,
-                               self._lm_head_logits, block_ids, positions)
+            temps = gumbel = None
+            sel = self.drafter.selector
+            if rows is not None and sel is not None:  # DFlash 2 sampled paths: noise keyed like verify's
+                bs, k = block_ids.shape[0], min(sel.top_k, self.vocab_size)
+                temps = rows.temperatures
+                gumbel = -torch.log(exponential(bs, self.block_size - 1, k, rows.seeds, rows.offsets, WALK,
+                                                block_ids.device))
+            return propose(self.drafter, attend, self.model_runner.model.model.embed_tokens,
+                           self._lm_head_logits, block_ids, positions, temps, gumbel)
         except Exception as e:  # noqa: BLE001 - any drafter fault degrades to plain decoding
             self.draft_failures += 1
             logger.warning("DFLASH draft step failed (%s: %s); this batch of %d decodes without a draft "
                            "(output stays exact). Failures so far: %d", type(e).__name__, e, len(batch.reqs),
                            self.draft_failures)
-            return block_ids
+            return Proposal(block_ids)
 
     def _block_attention(self, batch, prefix, block_slots):
         """The non-causal block attention for this step: FlashInfer on CUDA, torch elsewhere."""
@@ -181,23 +188,6 @@ class DFlashWorker(BaseSpecWorker):
         kv_slots = [req_to_token[r, : p + B].to(torch.int64)
                     for r, p in zip(batch.req_pool_indices.tolist(), prefix.tolist())]
         return TorchBlockAttention(self.draft_kv.k, self.draft_kv.v, kv_slots, block_slots, scale)
-
-    def _limits(self, batch):
-        """Per-request token budget [bs] and stop-token table [bs, S], as SGLang's finish check sees them."""
-        budget, stop_sets = [], []
-        for req in batch.reqs:
-            sp = req.sampling_params
-            budget.append(max((sp.max_new_tokens or 1 << 30) - len(req.output_ids), 1))
-            stops = set()
-            if not sp.ignore_eos:
-                stops |= set(sp.stop_token_ids or ()) | set(req.eos_token_ids or ())
-                tok = req.tokenizer
-                if tok is not None:
-                    if tok.eos_token_id is not None:
-                        stops.add(tok.eos_token_id)
-                    stops |= set(getattr(tok, "additional_stop_token_ids", None) or ())
-            stop_sets.append(stops)
-        return torch.tensor(budget, dtype=torch.int64, device=self.device), stop_table(stop_sets, self.device)
 
     def _lm_head_logits(self, hidden):
         """hidden [N, H] -> [N, vocab] with the target's (vocab-parallel) LM head."""
@@ -237,7 +227,9 @@ class DFlashWorker(BaseSpecWorker):
         slots = block_slots(req_to_token, batch.req_pool_indices, prefix, B)  # [bs, B]
 
         t0 = time.perf_counter()
-        draft = self._safe_draft(batch, prefix, slots, block_ids, positions)
+        rows = sampling_rows(batch)
+        proposal = self._safe_draft(batch, prefix, slots, block_ids, positions, rows)
+        draft = proposal.tokens
         t1 = time.perf_counter()
 
         verify_input = DFlashVerifyInput(draft_token=draft.reshape(-1), positions=positions.reshape(-1),
@@ -252,15 +244,16 @@ class DFlashWorker(BaseSpecWorker):
         batch.seq_lens_cpu, batch.seq_lens_sum = saved
         target_out = self._target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
         logits_output = target_out.logits_output
-        sinfo = batch.sampling_info
-        if sinfo is None or sinfo.is_all_greedy:
+        penalties = penalty_rows(batch, self.vocab_size, self.device)
+        if penalties is not None:  # in place, as plain decoding does (logprobs see them too)
+            logits = logits_output.next_token_logits
+            logits.copy_(apply_penalties(logits, draft, penalties).to(logits.dtype))
+        if rows is None:
             tokens = target_tokens(logits_output.next_token_logits, B)
         else:
-            seeds = [r.sampling_params.sampling_seed for r in batch.reqs]
-            offsets = [len(r.output_ids) for r in batch.reqs]
-            tokens = target_tokens(logits_output.next_token_logits, B, sinfo.temperatures, sinfo.top_ps,
-                                   sinfo.top_ks, sinfo.min_ps, seeds, offsets)
-        budget, stops = self._limits(batch)
+            tokens = target_tokens(logits_output.next_token_logits, B, *rows.args(), draft=draft,
+                                   cand_ids=proposal.cand_ids, q=proposal.q)
+        budget, stops = limits(batch, self.device)
         _, new_bonus, commit, new_seq_lens, out_tokens = accept_block(draft, tokens, prefix, budget, stops)
         new_seq_lens = new_seq_lens.to(prefix.dtype)
         if batch.return_logprob:  # SGLang's own spec-logprob gather over the chain layout
@@ -276,8 +269,6 @@ class DFlashWorker(BaseSpecWorker):
         logits_output.hidden_states = None
         t3 = time.perf_counter()
         step = {"draft": t1 - t0, "verify": t2 - t1, "kv_write": t3 - t2}
-        for k, v in step.items():
-            self.timings[k] += v
         if self.metrics is not None:
             self.metrics.record(commit.tolist(), step)
         nxt = make_draft_input_v2(bonus_tokens=new_bonus, new_seq_lens=new_seq_lens)

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 from sglang_dflash.config import DrafterConfig
 from sglang_dflash.kernels.reference import rope_cos_sin_cache
+from sglang_dflash.model.dynamic_conv import FINISH, PREPARE, DynamicConv
+from sglang_dflash.model.selector import CandidateSelector
 
 
 class RMSNorm(nn.Module):
@@ -96,10 +98,26 @@ class DrafterLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = DrafterAttention(cfg)
         self.mlp = DrafterMLP(cfg)
+        d2 = cfg.dflash2
+        if d2 is not None and d2.uses_conv:  # DFlash 2: dynamic convolutions around both sublayers
+            self.attention_conv = DynamicConv(cfg.hidden_size, d2.conv_kernel_size, d2.conv_group_size)
+            self.mlp_conv = DynamicConv(cfg.hidden_size, d2.conv_kernel_size, d2.conv_group_size)
 
-    def forward(self, x, cos, sin, attend):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, cos, sin, attend, block: int | None = None):
+        """x [N, H] rows in consecutive blocks of `block` (needed by DFlash 2's convolutions)."""
+        x = x + self._sublayer(self.input_layernorm(x), getattr(self, "attention_conv", None), block,
+                               lambda h: self.self_attn(h, cos, sin, attend))
+        return x + self._sublayer(self.post_attention_layernorm(x), getattr(self, "mlp_conv", None), block,
+                                  self.mlp)
+
+    @staticmethod
+    def _sublayer(h, conv, block, fn):
+        if conv is None:
+            return fn(h)
+        if block is None:
+            raise ValueError("a DFlash 2 drafter needs the block size to run its convolutions")
+        coef = conv.coefficients(h)  # [N, 2, taps, H]
+        return conv.apply(fn(conv.apply(h, coef[:, PREPARE], block)), coef[:, FINISH], block)
 
 
 class DFlashDrafter(nn.Module):
@@ -112,6 +130,15 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.fc = nn.Linear(cfg.num_context_layers * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        d2 = cfg.dflash2
+        if d2 is not None:  # DFlash 2: path selector over the top-k candidates per block position
+            self.candidate_selector = CandidateSelector(cfg.hidden_size, cfg.vocab_size, d2.selector_rank,
+                                                        d2.selector_top_k, d2.output_multiplier,
+                                                        d2.final_logit_softcapping)
+
+    @property
+    def selector(self) -> CandidateSelector | None:
+        return getattr(self, "candidate_selector", None)
 
     def project_features(self, features: torch.Tensor) -> torch.Tensor:
         """features [T, K*H] (target hidden states at target_layer_ids) -> context [T, H]."""
@@ -145,12 +172,12 @@ class DFlashDrafter(nn.Module):
             self._rope = rope_cos_sin_cache(size, self.cfg.head_dim, self.cfg.rope_theta, device)
         return self._rope
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
-        """x [N, H] embedded block rows, positions [N] -> normed hidden [N, H].
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attend, block: int | None = None) -> torch.Tensor:
+        """x [N, H] embedded block rows (consecutive blocks of `block`), positions [N] -> normed hidden [N, H].
 
         attend(layer_index, q, k_blk, v_blk): attention over context + block, non-causal.
         """
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, functools.partial(attend, i))
+            x = layer(x, cos, sin, functools.partial(attend, i), block)
         return self.norm(x)

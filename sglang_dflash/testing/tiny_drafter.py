@@ -24,7 +24,10 @@ STEER_VALUE = 10.0
 def make_tiny_drafter(path: str, target_path: str, *, block_size: int = 16, num_layers: int = 2,
                       target_layer_ids: list[int] | None = None, seed: int = 0, std: float = 0.02,
                       mask_token_id: int | None = None, mask_token: str | None = None,
-                      steer: bool = False, extra_config: dict | None = None) -> str:
+                      steer: bool = False, extra_config: dict | None = None,
+                      dflash2: dict | None = None) -> str:
+    """dflash2: e.g. {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8,
+    "selector_top_k": 4} makes a DFlash 2 checkpoint (convolutions + candidate selector)."""
     with open(os.path.join(target_path, "config.json")) as f:
         t = json.load(f)
     h, heads, kv = t["hidden_size"], t["num_attention_heads"], t["num_key_value_heads"]
@@ -36,6 +39,7 @@ def make_tiny_drafter(path: str, target_path: str, *, block_size: int = 16, num_
         if len(set(ids)) < len(ids):
             ids = sorted({1 + round(i * (L - 3) / max(num_layers - 1, 1)) for i in range(num_layers)})
     dflash = {"target_layer_ids": ids}
+    dflash.update(dflash2 or {})
     if mask_token is None:
         dflash["mask_token_id"] = vocab - 1 if mask_token_id is None else mask_token_id
     cfg = {
@@ -65,11 +69,30 @@ def make_tiny_drafter(path: str, target_path: str, *, block_size: int = 16, num_
         if steer:
             w[p + "self_attn.o_proj.weight"][STEER_CHANNEL] = 0
             w[p + "mlp.down_proj.weight"][STEER_CHANNEL] = 0
+    if dflash2:
+        w.update(_dflash2_weights(dflash2, h, vocab, num_layers, rnd))
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     save_file({k: v.contiguous() for k, v in w.items()}, os.path.join(path, "model.safetensors"))
     return path
+
+
+def _dflash2_weights(d2: dict, h: int, vocab: int, num_layers: int, rnd) -> dict:
+    """Small random DFlash 2 weights around the identity convolution, so a steered pair keeps its
+    acceptance while every conv tap and selector term is exercised."""
+    taps, groups, r = d2["conv_kernel_size"], h // d2["conv_group_size"], d2["selector_rank"]
+    w = {}
+    for i in range(num_layers):
+        for conv in ("attention_conv", "mlp_conv"):
+            base = rnd(2, taps, h) * 5
+            base[:, 0] += 1.0
+            w[f"layers.{i}.{conv}.base_kernel"] = base
+            w[f"layers.{i}.{conv}.kernel_projection.weight"] = rnd(2 * taps * groups, h)
+    w["candidate_selector.hidden_projection.weight"] = rnd(r, h) * 10
+    w["candidate_selector.predecessor_codebook"] = rnd(vocab, r) * 10
+    w["candidate_selector.successor_codebook"] = rnd(vocab, r) * 10
+    return w
 
 
 def steer_target(src: str, dst: str, strength: float) -> str:

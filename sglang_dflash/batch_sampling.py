@@ -1,0 +1,82 @@
+"""Read a scheduler batch's per-request sampling state into the plain tensors the stages take.
+
+Only attribute reads on SGLang's Req / SamplingBatchInfo objects (no sglang import), so the rules
+stay in verify.py, penalties.py and accept.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from sglang_dflash.accept import stop_table
+from sglang_dflash.penalties import ORDER, PenaltyRows
+
+
+@dataclass
+class SamplingRows:
+    temperatures: torch.Tensor  # [bs] float32; 0 for greedy rows (incl. top_k == 1)
+    top_ps: torch.Tensor  # [bs]
+    top_ks: torch.Tensor  # [bs]
+    min_ps: torch.Tensor  # [bs]
+    seeds: list  # [bs] int or None
+    offsets: list  # [bs] output position of block row 0
+
+    def args(self):
+        return (self.temperatures, self.top_ps, self.top_ks, self.min_ps, self.seeds, self.offsets)
+
+
+def sampling_rows(batch) -> Optional[SamplingRows]:
+    """None when every request is greedy."""
+    sinfo = batch.sampling_info
+    if sinfo is None or sinfo.is_all_greedy:
+        return None
+    temps = sinfo.temperatures.reshape(-1).float()
+    temps = torch.where((sinfo.top_ks.reshape(-1) == 1) | (temps <= 0), 0.0, temps)
+    return SamplingRows(temps, sinfo.top_ps, sinfo.top_ks, sinfo.min_ps,
+                        [r.sampling_params.sampling_seed for r in batch.reqs],
+                        [len(r.output_ids) for r in batch.reqs])
+
+
+def _stop_ids(req, honour_ignore_eos: bool) -> set:
+    sp, tok = req.sampling_params, req.tokenizer
+    if honour_ignore_eos and sp.ignore_eos:
+        return set()
+    stops = set(sp.stop_token_ids or ()) | set(req.eos_token_ids or ())
+    if tok is not None:
+        if tok.eos_token_id is not None:
+            stops.add(tok.eos_token_id)
+        stops |= set(getattr(tok, "additional_stop_token_ids", None) or ())
+    return {s for s in stops if s is not None}
+
+
+def limits(batch, device):
+    """Per-request token budget [bs] and stop-token table [bs, S], as SGLang's finish check sees them."""
+    budget = [max((r.sampling_params.max_new_tokens or 1 << 30) - len(r.output_ids), 1) for r in batch.reqs]
+    stops = [_stop_ids(r, honour_ignore_eos=True) for r in batch.reqs]
+    return torch.tensor(budget, dtype=torch.int64, device=device), stop_table(stops, device)
+
+
+def penalty_rows(batch, vocab: int, device) -> Optional[PenaltyRows]:
+    """None when no request uses penalties, min_new_tokens or logit_bias."""
+    sps = [r.sampling_params for r in batch.reqs]
+    freq = [float(sp.frequency_penalty or 0.0) for sp in sps]
+    pres = [float(sp.presence_penalty or 0.0) for sp in sps]
+    rep = [float(sp.repetition_penalty if sp.repetition_penalty is not None else 1.0) for sp in sps]
+    min_new = [int(sp.min_new_tokens or 0) for sp in sps]
+    biases = [sp.logit_bias for sp in sps]
+    if not (any(freq) or any(pres) or any(r != 1.0 for r in rep) or any(min_new) or any(biases)):
+        return None
+    bias = None
+    if any(biases):
+        bias = torch.zeros(len(sps), vocab, device=device)
+        for i, b in enumerate(biases):
+            for tok, val in {int(k): v for k, v in (b or {}).items()}.items():
+                bias[i, tok] = val
+    f32 = dict(dtype=torch.float32, device=device)
+    return PenaltyRows(torch.tensor(freq, **f32), torch.tensor(pres, **f32), torch.tensor(rep, **f32),
+                       [list(r.output_ids) for r in batch.reqs],
+                       torch.tensor(min_new, dtype=torch.int64, device=device),
+                       stop_table([_stop_ids(r, honour_ignore_eos=False) for r in batch.reqs], device),
+                       bias, ORDER)
