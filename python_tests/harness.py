@@ -61,9 +61,9 @@ def server_cmd(model: str, draft: str | None, dtype: str, extra: list[str]) -> l
 
 @contextlib.contextmanager
 def launch(model: str, draft: str | None = None, dtype: str = "float32", extra: list[str] = (),
-           env: dict | None = None, name: str = "server", startup_timeout: float = 300):
+           env: dict | None = None, name: str = "server", startup_timeout: float = 300, port: int | None = None):
     os.makedirs(LOG_DIR, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     log_path = os.path.join(LOG_DIR, f"{name}-{port}.log")
     full_env = {**os.environ, **CPU_ENV, **(env or {})}
     with open(log_path, "w") as log:
