@@ -53,7 +53,8 @@ def _stop_ids(req, honour_ignore_eos: bool) -> set:
 
 def limits(batch, device):
     """Per-request token budget [bs] and stop-token table [bs, S], as SGLang's finish check sees them."""
-    budget = [max((r.sampling_params.max_new_tokens or 1 << 30) - len(r.output_ids), 1) for r in batch.reqs]
+    budget = [max((1 << 30 if r.sampling_params.max_new_tokens is None else r.sampling_params.max_new_tokens)
+                  - len(r.output_ids), 1) for r in batch.reqs]
     stops = [_stop_ids(r, honour_ignore_eos=True) for r in batch.reqs]
     return torch.tensor(budget, dtype=torch.int64, device=device), stop_table(stops, device)
 

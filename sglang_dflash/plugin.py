@@ -86,6 +86,11 @@ def _validate_request(original, req, enable_overlap):
 def _reject_bad_prompt(self, obj, input_ids, *args, **kwargs):
     # An empty prompt (a 0-token forward) or a token id outside the vocabulary (an embedding index
     # error) kills the scheduler in SGLang 0.5.23, with or without speculation: refuse with a 400.
+    sp = getattr(obj, "sampling_params", None)
+    spec = str(getattr(getattr(self, "server_args", None), "speculative_algorithm", None) or "")
+    if spec.upper() == "DFLASH" and isinstance(sp, dict) and sp.get("max_new_tokens") == 0:
+        raise ValueError("max_new_tokens is 0: a DFLASH server generates at least one token; "
+                         "send max_new_tokens >= 1")
     if input_ids is None or getattr(obj, "input_embeds", None) is not None:
         return
     if len(input_ids) == 0:
