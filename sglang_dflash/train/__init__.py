@@ -1,0 +1,1 @@
+"""Drafter training recipe for the embedded SmolLM2 target: prompts -> datagen -> features -> train -> export."""

@@ -1,0 +1,111 @@
+"""Training blocks: many anchors of one sequence in ONE drafter forward, with serving semantics.
+
+Each anchor p gives a block [token_p, MASK x (B-1)] at positions p..p+B-1. Its queries see the
+context rows [0, p) of its own sequence and the B rows of its own block, nothing else (a boolean
+attention mask), which is what TorchBlockAttention gives one request at serving time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from sglang_dflash.model.drafter import DFlashDrafter
+
+
+@dataclass
+class Seq:
+    id: str
+    tokens: torch.Tensor  # [T] int64, prompt + answer
+    feats: torch.Tensor  # [T, K*H] target features (bf16)
+    answer_start: int  # first answer position
+
+
+def sample_anchors(seqs: list[Seq], n: int, block: int, g: torch.Generator, spread: bool = False):
+    """-> [(seq, anchors [A] int64)]: anchors p in [answer_start, T-2] (at least one target).
+    Random distinct anchors, n // len(seqs) per sequence; spread=True: about n evenly spaced overall."""
+    out = []
+    if spread:
+        total = sum(max(s.tokens.shape[0] - 1 - s.answer_start, 0) for s in seqs)
+        step = max(total // max(n, 1), 1)
+        for s in seqs:
+            cand = torch.arange(s.answer_start, s.tokens.shape[0] - 1)
+            if cand.numel():
+                out.append((s, cand[(s.answer_start % step)::step] if cand.numel() > step else cand[:1]))
+        return out
+    per = max(n // max(len(seqs), 1), 1)
+    for s in seqs:
+        cand = torch.arange(s.answer_start, s.tokens.shape[0] - 1)
+        if cand.numel():
+            out.append((s, cand[torch.randperm(cand.numel(), generator=g)[:per]].sort().values))
+    return out
+
+
+def block_inputs(seq: Seq, anchors: torch.Tensor, block: int, mask_token_id: int):
+    """anchors [A] -> block ids [A, B], positions [A, B], targets [A, B-1] (-100 past the end)."""
+    T = seq.tokens.shape[0]
+    pos = anchors[:, None] + torch.arange(block)[None, :]  # [A, B]
+    ids = torch.full_like(pos, mask_token_id)
+    ids[:, 0] = seq.tokens[anchors]
+    tpos = pos[:, 1:]
+    targets = torch.where(tpos < T, seq.tokens[tpos.clamp(max=T - 1)], torch.full_like(tpos, -100))
+    return ids, pos, targets
+
+
+def block_mask(anchors: torch.Tensor, ctx_len: int, block: int) -> torch.Tensor:
+    """[A*B, ctx_len + A*B] bool: row (a, j) sees context c < anchors[a] and block rows of anchor a."""
+    A = anchors.shape[0]
+    row_anchor = torch.arange(A).repeat_interleave(block)  # [A*B]
+    ctx = torch.arange(ctx_len)[None, :] < anchors[row_anchor][:, None]
+    blk = row_anchor[:, None] == row_anchor[None, :]
+    return torch.cat([ctx, blk], dim=1)
+
+
+def block_hidden(drafter: DFlashDrafter, embed: torch.Tensor, mask_token_id: int, block: int, batch):
+    """embed [V, H] the target's embedding; batch [(seq, anchors [A])] ->
+    hidden [n, B-1, H] (drafter output at block rows 1..B-1), targets [n, B-1]; n = sum A."""
+    ids, pos, tgts, kvs, masks, sizes = [], [], [], [], [], []
+    for seq, anchors in batch:
+        i, p, t = block_inputs(seq, anchors, block, mask_token_id)
+        ctx_len = int(anchors.max())
+        k, v = drafter.context_kv(seq.feats[:ctx_len], torch.arange(ctx_len))  # [L, Tc, Hkv, D] each
+        ids.append(i), pos.append(p), tgts.append(t), kvs.append((k, v))
+        masks.append(block_mask(anchors, ctx_len, block)), sizes.append(i.numel())
+    scale = drafter.cfg.head_dim ** -0.5
+
+    def attend(layer: int, q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor) -> torch.Tensor:
+        """q [N, H, D]; k_blk, v_blk [N, Hkv, D] -> [N, H, D]; N = all block rows of the batch."""
+        outs, start = [], 0
+        for (kc, vc), mask, n in zip(kvs, masks, sizes):
+            r = slice(start, start + n)
+            start += n
+            k = torch.cat([kc[layer].to(q.dtype), k_blk[r].to(q.dtype)])  # [Tc + n, Hkv, D]
+            v = torch.cat([vc[layer].to(q.dtype), v_blk[r].to(q.dtype)])
+            o = F.scaled_dot_product_attention(q[r].transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                               v.transpose(0, 1)[None], attn_mask=mask, scale=scale,
+                                               enable_gqa=q.shape[1] != k.shape[1])
+            outs.append(o[0].transpose(0, 1))
+        return torch.cat(outs)
+
+    ids, pos = torch.cat(ids), torch.cat(pos)  # [n, B]
+    x = embed[ids.reshape(-1)].to(drafter.fc.weight.dtype)  # [n*B, H]
+    hidden = drafter(x, pos.reshape(-1), attend).view(ids.shape[0], block, -1)
+    return hidden[:, 1:], torch.cat(tgts)
+
+
+@torch.no_grad()
+def eval_tau(drafter: DFlashDrafter, embed: torch.Tensor, mask_token_id: int, block: int, eval_set,
+             chunk: int = 8, autocast: bool = True) -> float:
+    """Offline acceptance length: 1 + leading draft positions whose argmax (full vocab) equals the
+    data token (the data is the target's greedy output), averaged over anchors."""
+    total, count = 0.0, 0
+    for i in range(0, len(eval_set), chunk):
+        part = eval_set[i: i + chunk]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            hidden, targets = block_hidden(drafter, embed, mask_token_id, block, part)
+        pred = (hidden.to(embed.dtype) @ embed.t()).argmax(-1)  # [n, B-1]
+        ok = (pred == targets).to(torch.int64).cumprod(-1)
+        total += float(ok.sum(-1).sum()) + ok.shape[0]
+        count += ok.shape[0]
+    return total / max(count, 1)

@@ -1,0 +1,100 @@
+"""Stage 1: the target's own greedy answers to our prompts, through SGLang's offline Engine.
+
+python -m sglang_dflash.train datagen --workdir W [--n N] [--deadline HH:MM]
+
+Plain decoding (no speculation), temperature 0. Writes W/data.jsonl, one line per prompt:
+{"id", "family", "split", "prompt_ids": [...], "answer_ids": [...]} (answer_ids as generated, the
+final <|im_end|> included when the model stopped). Resumable: ids already in the file are skipped.
+On CPU the Engine runs with the same recipe as sglang_dflash/offline.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from sglang_dflash.train.prompts import generate
+
+
+def done_ids(path: str) -> set:
+    if not os.path.exists(path):
+        return set()
+    with open(path, "rb+") as f:  # drop a torn last line left by an interrupted run
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+    ids = set()
+    with open(path) as f:
+        for line in f:
+            try:
+                ids.add(json.loads(line)["id"])
+            except (json.JSONDecodeError, KeyError):
+                pass
+    return ids
+
+
+def make_engine(model: str, dtype: str, max_total_tokens: int):
+    import torch
+
+    from sglang_dflash.cpu_shims import install_cpu_shims
+
+    install_cpu_shims()  # before sglang.Engine imports sgl_kernel
+    import sglang
+
+    kw = dict(model_path=model, dtype=dtype, log_level="warning", random_seed=0)
+    if not torch.cuda.is_available():
+        from sglang_dflash.launch import CPU_ENV
+
+        for k, v in CPU_ENV.items():
+            os.environ.setdefault(k, v)
+        kw.update(device="cpu", attention_backend="torch_native", max_total_tokens=max_total_tokens,
+                  disable_cuda_graph=True)
+    return sglang.Engine(**kw)
+
+
+def run(workdir: str, model: str, n: int, seed: int = 0, batch_size: int = 64, max_new_tokens: int = 224,
+        dtype: str = "bfloat16", deadline: float | None = None, max_total_tokens: int = 32768) -> dict:
+    """Generate answers for the first n prompts; stop starting new batches after `deadline` (epoch s)."""
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    os.makedirs(workdir, exist_ok=True)
+    out_path = os.path.join(workdir, "data.jsonl")
+    done = done_ids(out_path)
+    todo = [p for p in generate(n, seed) if p["id"] not in done]
+    stats = {"skipped": len(done), "written": 0, "tokens": 0, "wall_s": 0.0}
+    if not todo:
+        return stats
+    tok = AutoTokenizer.from_pretrained(model)
+    eng = make_engine(model, dtype, max_total_tokens)
+    sp = {"max_new_tokens": max_new_tokens, "temperature": 0}
+    t0 = time.time()
+    bar = tqdm(total=len(todo), unit="seq", desc="datagen", mininterval=5)
+    with open(out_path, "a") as out:
+        for i in range(0, len(todo), batch_size):
+            if deadline and time.time() > deadline:
+                print(f"datagen: deadline reached after {stats['written']} sequences", file=sys.stderr)
+                break
+            chunk = todo[i: i + batch_size]
+            ids = [tok.apply_chat_template(p["messages"], tokenize=True, add_generation_prompt=True)
+                   for p in chunk]
+            ids = [list(x["input_ids"]) if isinstance(x, dict) or hasattr(x, "keys") else list(x) for x in ids]
+            res = eng.generate(input_ids=ids, sampling_params=sp)
+            for p, pid, o in zip(chunk, ids, res):
+                rec = {"id": p["id"], "family": p["family"], "split": p["split"], "prompt_ids": pid,
+                       "answer_ids": list(o["output_ids"]),
+                       "finish": (o["meta_info"].get("finish_reason") or {}).get("type")}
+                out.write(json.dumps(rec) + "\n")
+                stats["tokens"] += len(rec["answer_ids"])
+            out.flush()
+            stats["written"] += len(chunk)
+            el = time.time() - t0
+            bar.update(len(chunk))
+            bar.set_postfix(tok_s=f"{stats['tokens'] / el:.1f}")
+    bar.close()
+    stats["wall_s"] = round(time.time() - t0, 1)
+    stats["tok_s"] = round(stats["tokens"] / max(stats["wall_s"], 1e-9), 1)
+    eng.shutdown()
+    print("datagen:", json.dumps(stats), file=sys.stderr)
+    return stats

@@ -1,0 +1,129 @@
+"""Stage 2: target hidden states at the drafter's target_layer_ids, stored as bf16 shards.
+
+Reads W/data.jsonl, runs the target (HF transformers, `output_hidden_states=True`) over prompt +
+answer one sequence at a time (no padding), and writes W/features/shard_NNNNN.pt:
+{"ids": [str], "split": [str], "offsets": int64 [n+1], "answer_start": int64 [n],
+ "tokens": int64 [sum T], "feats": bf16 [sum T, K*H]} (rows of sequence i: offsets[i]:offsets[i+1]).
+The layer-id convention comes from sglang_dflash.config only. Resumable: ids already in a shard are
+skipped; with follow_pid it keeps polling data.jsonl while that (datagen) process is alive.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+import time
+
+import torch
+
+from sglang_dflash.config import default_target_layer_ids, hf_hidden_state_index
+
+
+def load_target(model: str, dtype=torch.bfloat16, keep_layers: int | None = None):
+    """The HF target; with keep_layers only the first keep_layers decoder layers are kept."""
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).eval().requires_grad_(False)
+    if keep_layers is not None:
+        m.model.layers = m.model.layers[:keep_layers]
+    return m
+
+
+@torch.inference_mode()
+def sequence_features(target, tokens: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
+    """tokens [T] -> features [T, K*H]: the outputs of decoder layers `layer_ids` (z-lab ids),
+    concatenated in the order given (the order fc expects)."""
+    hs = target.model(input_ids=tokens[None], output_hidden_states=True).hidden_states
+    last = len(hs) - 1  # HF applies the final norm to this one: never use it as a feature
+    idx = [hf_hidden_state_index(i) for i in layer_ids]
+    assert max(idx) < last, f"layer ids {layer_ids} need more layers than the {last} kept"
+    return torch.cat([hs[i][0] for i in idx], dim=-1)
+
+
+def layer_ids_for(model: str, num_context_layers: int) -> list[int]:
+    with open(os.path.join(model, "config.json")) as f:
+        return default_target_layer_ids(json.load(f)["num_hidden_layers"], num_context_layers)
+
+
+def done_ids(fdir: str) -> set:
+    ids = set()
+    for f in sorted(glob.glob(os.path.join(fdir, "shard_*.pt"))):
+        ids.update(torch.load(f)["ids"])
+    return ids
+
+
+def read_new(path: str, done: set) -> list[dict]:
+    out = []
+    if not os.path.exists(path):
+        return out
+    with open(path) as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break  # a line datagen is still writing
+            rec = json.loads(line)
+            if rec["id"] not in done and rec["answer_ids"]:
+                out.append(rec)
+    return out
+
+
+def write_shard(fdir: str, recs: list[dict], feats: list[torch.Tensor]) -> str:
+    n = len(glob.glob(os.path.join(fdir, "shard_*.pt")))
+    lens = [f.shape[0] for f in feats]
+    shard = {"ids": [r["id"] for r in recs], "split": [r["split"] for r in recs],
+             "offsets": torch.tensor([0] + lens).cumsum(0),
+             "answer_start": torch.tensor([len(r["prompt_ids"]) for r in recs]),
+             "tokens": torch.tensor([t for r in recs for t in r["prompt_ids"] + r["answer_ids"]]),
+             "feats": torch.cat(feats).to(torch.bfloat16)}
+    path = os.path.join(fdir, f"shard_{n:05d}.pt")
+    torch.save(shard, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def run(workdir: str, model: str, num_context_layers: int = 3, shard_size: int = 128,
+        follow_pid: int | None = None, dtype=torch.bfloat16) -> dict:
+    fdir = os.path.join(workdir, "features")
+    os.makedirs(fdir, exist_ok=True)
+    ids = layer_ids_for(model, num_context_layers)
+    meta = {"target_layer_ids": ids, "model": model, "dtype": str(dtype)}
+    with open(os.path.join(fdir, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    target = load_target(model, dtype, keep_layers=max(ids) + 2)
+    done = done_ids(fdir)
+    stats = {"sequences": 0, "tokens": 0, "wall_s": 0.0}
+    t0 = time.time()
+    while True:
+        following = alive(follow_pid)  # read before the file so a finished datagen's tail is seen
+        new = read_new(os.path.join(workdir, "data.jsonl"), done)
+        if following and len(new) < shard_size:
+            time.sleep(20)
+            continue
+        if not new:
+            break
+        for i in range(0, len(new), shard_size):
+            chunk = new[i: i + shard_size]
+            if following and len(chunk) < shard_size:
+                break
+            feats = [sequence_features(target, torch.tensor(r["prompt_ids"] + r["answer_ids"]), ids)
+                     for r in chunk]
+            write_shard(fdir, chunk, feats)
+            done.update(r["id"] for r in chunk)
+            stats["sequences"] += len(chunk)
+            stats["tokens"] += sum(f.shape[0] for f in feats)
+            el = time.time() - t0
+            print(f"features: {stats['sequences']} seqs, {stats['tokens']} tokens, "
+                  f"{stats['tokens'] / el:.0f} tok/s", file=sys.stderr, flush=True)
+    stats["wall_s"] = round(time.time() - t0, 1)
+    print("features:", json.dumps(stats), file=sys.stderr)
+    return stats
