@@ -114,4 +114,5 @@ def test_tiny_overfit_and_export_round_trip(tmp_path):
         assert torch.equal(v, best["model"][k].to(torch.bfloat16)), k
     assert mask == cfg["dflash_config"]["mask_token_id"]
     assert abs(res["tau_export"] - res["tau_train"]) < 0.35, res
+    assert 1.0 <= res["walk_tau"] <= 4.0 and 1.0 <= res["walk_tau_128"] <= 4.0, res
     assert "Reproduce" in (tmp_path / "drafter" / "README.md").read_text()

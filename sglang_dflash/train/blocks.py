@@ -104,8 +104,38 @@ def eval_tau(drafter: DFlashDrafter, embed: torch.Tensor, mask_token_id: int, bl
         part = eval_set[i: i + chunk]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             hidden, targets = block_hidden(drafter, embed, mask_token_id, block, part)
-        pred = (hidden.to(embed.dtype) @ embed.t()).argmax(-1)  # [n, B-1]
-        ok = (pred == targets).to(torch.int64).cumprod(-1)
-        total += float(ok.sum(-1).sum()) + ok.shape[0]
+        ok = _accepted(hidden, targets, embed)
+        total += float(ok.sum()) + ok.shape[0]
         count += ok.shape[0]
     return total / max(count, 1)
+
+
+def _accepted(hidden: torch.Tensor, targets: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
+    """hidden [n, B-1, H], targets [n, B-1] -> leading draft tokens equal to the targets [n]."""
+    n, k, h = hidden.shape
+    pred = (hidden.reshape(n * k, h).to(embed.dtype) @ embed.t()).argmax(-1).view(n, k)  # 2D: no bmm copy
+    return (pred == targets).to(torch.int64).cumprod(-1).sum(-1)
+
+
+@torch.no_grad()
+def walk_tau(drafter: DFlashDrafter, embed: torch.Tensor, mask_token_id: int, block: int, seqs: list[Seq],
+             max_answer: int | None = None, autocast: bool = True) -> float:
+    """Serving-equivalent tau: walk each answer as greedy speculative decoding would (a block at the
+    answer start, the next one after the accepted tokens + bonus) and return tokens / blocks. Lower
+    than eval_tau, which weights every position equally and so over-counts easy stretches."""
+    tokens = blocks_n = 0
+    for s in seqs:
+        end = s.tokens.shape[0] if max_answer is None else min(s.tokens.shape[0], s.answer_start + max_answer)
+        anchors = torch.arange(s.answer_start, end - 1)
+        if not anchors.numel():
+            continue
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            hidden, targets = block_hidden(drafter, embed, mask_token_id, block, [(s, anchors)])
+        acc = _accepted(hidden, targets, embed).tolist()
+        p = s.answer_start
+        while p < end - 1:
+            a = acc[p - s.answer_start]
+            tokens += min(a + 1, end - p)
+            blocks_n += 1
+            p += a + 1
+    return tokens / max(blocks_n, 1)

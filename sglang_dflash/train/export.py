@@ -80,6 +80,11 @@ Held-out offline acceptance length tau (1 + leading draft tokens equal to the ta
 tokens, averaged over {eval_n} anchors, bf16): {tau:.3f} at training time, {tau_export:.3f} reloaded
 from this folder through `sglang_dflash.model.loader`.
 
+That average weights every answer position equally, so easy stretches (the target's greedy answers
+often repeat themselves) count more than they do when serving. Walking the held-out answers the way
+greedy speculative decoding does (next block after the accepted tokens + bonus) gives the
+serving-equivalent tau: {walk:.3f} over whole answers, {walk128:.3f} over the first 128 answer tokens.
+
 Per checkpoint: {history}
 
 ## Reproduce
@@ -96,7 +101,7 @@ The training command of this run:
 
 def run(workdir: str, model: str, out: str, command: str = "", eval_anchors: int = 600,
         seed: int = 0, max_new_tokens: int = 224) -> dict:
-    from sglang_dflash.train.blocks import eval_tau, sample_anchors
+    from sglang_dflash.train.blocks import eval_tau, sample_anchors, walk_tau
     from sglang_dflash.train.trainer import load_embedding, load_seqs
 
     ck = torch.load(os.path.join(workdir, "ckpt", "best.pt"), weights_only=False)
@@ -107,6 +112,8 @@ def run(workdir: str, model: str, out: str, command: str = "", eval_anchors: int
     eval_set = sample_anchors(held, eval_anchors, dcfg.block_size, torch.Generator().manual_seed(1234), spread=True)
     embed = load_embedding(model)
     tau = eval_tau(drafter, embed, mask, dcfg.block_size, eval_set)
+    walk = walk_tau(drafter, embed, mask, dcfg.block_size, held)
+    walk128 = walk_tau(drafter, embed, mask, dcfg.block_size, held, max_answer=128)
     summ = {}
     sp = os.path.join(workdir, "train_summary.json")
     if os.path.exists(sp):
@@ -123,13 +130,14 @@ def run(workdir: str, model: str, out: str, command: str = "", eval_anchors: int
         steps=st["step"], anchors=summ.get("anchors_per_step", 128), train_min=st["train_s"] / 60,
         rate=f" ({summ['tok_s']:.0f} block tokens/s)" if summ.get("tok_s") else "",
         eval_n=sum(a.numel() for _, a in eval_set), tau=ck["tau"],
-        tau_export=tau, history=hist or "n/a", command=summ.get("command") or command)
+        tau_export=tau, walk=walk, walk128=walk128, history=hist or "n/a", command=summ.get("command") or command)
     notes = os.path.join(workdir, "run_notes.md")  # free-form notes about this run, if any
     if os.path.exists(notes):
         with open(notes) as f:
             card += "\n## Run notes\n" + f.read()
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write(card)
-    res = {"out": out, "step": st["step"], "tau_train": ck["tau"], "tau_export": tau, **ds}
+    res = {"out": out, "step": st["step"], "tau_train": ck["tau"], "tau_export": tau, "walk_tau": walk,
+           "walk_tau_128": walk128, **ds}
     print("export:", json.dumps(res), file=sys.stderr)
     return res

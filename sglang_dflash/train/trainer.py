@@ -176,7 +176,8 @@ def run(workdir: str, model: str, *, num_layers: int = 2, block_size: int = 16, 
         tgt = torch.where(targets >= 0, remap[targets.clamp(min=0)], torch.full_like(targets, -100))
         negs = comp[torch.randperm(comp.numel(), generator=g)[:negatives]]
         head = embed[torch.cat([vocab, negs])].to(torch.bfloat16)  # [V_sub + neg, H]; targets index the first V_sub
-        logits = (hidden.to(torch.bfloat16) @ head.t()).float()  # [n, B-1, V_sub]
+        n, k, h = hidden.shape
+        logits = (hidden.reshape(n * k, h).to(torch.bfloat16) @ head.t()).float().view(n, k, -1)  # [n, B-1, V]
         ce = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), reduction="none").view_as(tgt)
         w = weights[None, :] * (tgt >= 0)
         loss = (ce * w).sum() / w.sum()
