@@ -200,14 +200,11 @@ class DFlashWorker(BaseSpecWorker):
     def _reseed_first_tokens(self, batch, out):
         """Requests with a sampling_seed: draw the prefill's token with the same (seed, position)
         rule as verify, so a seeded request is reproducible from its first token on."""
-        sinfo, logits = batch.sampling_info, out.logits_output.next_token_logits
-        seeds = [r.sampling_params.sampling_seed for r in batch.reqs]
-        if sinfo is None or sinfo.is_all_greedy or logits is None or all(s is None for s in seeds):
+        rows, logits = sampling_rows(batch), out.logits_output.next_token_logits
+        if rows is None or logits is None or all(s is None for s in rows.seeds):
             return
-        offsets = [len(r.output_ids) for r in batch.reqs]
-        tokens = target_tokens(logits, 1, sinfo.temperatures, sinfo.top_ps, sinfo.top_ks, sinfo.min_ps,
-                               seeds, offsets).view(-1)
-        seeded = torch.tensor([s is not None for s in seeds], device=tokens.device)
+        tokens = target_tokens(logits, 1, *rows.args()).view(-1)
+        seeded = torch.tensor([s is not None for s in rows.seeds], device=tokens.device)
         out.next_token_ids = torch.where(seeded, tokens.to(out.next_token_ids.dtype), out.next_token_ids)
 
     def _dump_context(self, batch):
