@@ -21,9 +21,12 @@ def main(target, drafter, out_path):
     eng = sglang.Engine(**common, speculative_algorithm="DFLASH", speculative_draft_model_path=drafter)
     spec = eng.generate(input_ids=batch, sampling_params=sp)
     eng.shutdown()
-    refs = [{"output_ids": o["output_ids"],
-             "gaps": [abs(t[0][0] - t[1][0]) for t in o["meta_info"]["output_top_logprobs"]]} for o in plain]
-    outs = [{"output_ids": o["output_ids"], "tau": o["meta_info"].get("spec_accept_length")} for o in spec]
+    tops = [o["meta_info"]["output_top_logprobs"] for o in plain]
+    refs = [{"output_ids": o["output_ids"], "gaps": [abs(t[0][0] - t[1][0]) for t in top],
+             "runner_up": [t[1][1] for t in top]} for o, top in zip(plain, tops)]
+    outs = [{"output_ids": o["output_ids"], "tau": o["meta_info"].get("spec_accept_length"),
+             "tokens": o["meta_info"]["completion_tokens"], "verify": o["meta_info"]["spec_verify_ct"]}
+            for o in spec]
     with open(out_path, "w") as f:
         json.dump({"refs": refs, "outs": outs}, f)
 

@@ -59,9 +59,41 @@ def server_cmd(model: str, draft: str | None, dtype: str, extra: list[str]) -> l
     return [PY, "-m", "sglang_dflash.launch", *args, "--speculative-draft-model-path", draft, *extra]
 
 
+FAULT_ENV = "SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY"
+
+
+def dflash_state(srv: Server) -> dict:
+    """Our worker's live counters from /server_info (summed over DP ranks)."""
+    states = requests.get(srv.url + "/server_info", timeout=30).json()["internal_states"]
+    out = {}
+    for st in states:
+        for k, v in st["dflash"].items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def assert_no_draft_failures(srv: Server):
+    """A drafter that throws degrades to exact plain decoding, so lossless checks alone cannot see it."""
+    state = dflash_state(srv)
+    assert state["draft_steps"] > 0, f"the drafter never ran: {state}"
+    assert state["draft_failures"] == 0, f"draft steps failed: {state}; see {srv.log_path}"
+
+
+def assert_speculated(outs, min_tau: float = 1.0):
+    """DFLASH actually accepted drafts: committed tokens / verify steps > min_tau over these requests."""
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    verify = sum(o["meta_info"]["spec_verify_ct"] for o in outs)
+    assert verify > 0 and tokens > verify, f"no drafts accepted: {tokens} tokens in {verify} verify steps"
+    assert tokens / verify > min_tau, f"tau {tokens / verify:.2f} <= {min_tau}"
+    return tokens / verify
+
+
 @contextlib.contextmanager
 def launch(model: str, draft: str | None = None, dtype: str = "float32", extra: list[str] = (),
-           env: dict | None = None, name: str = "server", startup_timeout: float = 300, port: int | None = None):
+           env: dict | None = None, name: str = "server", startup_timeout: float = 300, port: int | None = None,
+           check_drafts: bool = True):
+    """check_drafts: a DFLASH server must end with drafted steps and no draft failure (unless the
+    test injects faults)."""
     os.makedirs(LOG_DIR, exist_ok=True)
     port = port or free_port()
     log_path = os.path.join(LOG_DIR, f"{name}-{port}.log")
@@ -84,6 +116,8 @@ def launch(model: str, draft: str | None = None, dtype: str = "float32", extra: 
                 raise TimeoutError(f"server not healthy after {startup_timeout}s:\n{srv.log()[-4000:]}")
             time.sleep(1)
         yield srv
+        if draft is not None and check_drafts and FAULT_ENV not in (env or {}):
+            assert_no_draft_failures(srv)
     finally:
         stop(proc)
 
@@ -129,21 +163,30 @@ def reference(srv: Server, batch, max_new_tokens=32):
         r = srv.post("/generate", {"input_ids": p, "return_logprob": True, "top_logprobs_num": 2,
                                    "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}).json()
         assert r["output_ids"] == o["output_ids"], "plain decoding is not deterministic"
-        gaps = [abs(t[0][0] - t[1][0]) for t in r["meta_info"]["output_top_logprobs"]]
-        refs.append({"output_ids": o["output_ids"], "gaps": gaps})
+        tops = r["meta_info"]["output_top_logprobs"]
+        gaps = [abs(t[0][0] - t[1][0]) for t in tops]
+        refs.append({"output_ids": o["output_ids"], "gaps": gaps, "runner_up": [t[1][1] for t in tops]})
     return refs
 
 
-def assert_lossless(refs, outs, tie: float):
-    """Token-identical, except at a numerical tie of the target (top-2 gap < tie) at the first diff."""
+def assert_lossless(refs, outs, tie: float, max_excused: int | None = None):
+    """Token-identical, except at a numerical tie of the target at the first difference: there DFLASH
+    must have emitted the plain run's runner-up (its top-2 token) with a top-2 gap < tie. At most
+    max_excused prompts (default: one in eight, at least one) may be excused that way."""
+    max_excused = max(1, len(refs) // 8) if max_excused is None else max_excused
+    excused = 0
     for i, (ref, out) in enumerate(zip(refs, outs)):
         got, want = out["output_ids"], ref["output_ids"]
         if got == want:
             continue
-        j = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-        gap = ref["gaps"][j] if j < len(ref["gaps"]) else float("inf")
+        j = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), None)
+        assert j is not None, f"prompt {i}: lengths differ ({len(got)} vs {len(want)}) with equal tokens"
+        gap, second = ref["gaps"][j], ref["runner_up"][j]
         print(f"prompt {i}: first difference at output position {j}; target top-2 gap {gap:.3g}")
+        assert got[j] == second, f"prompt {i}: DFLASH emitted {got[j]} at {j}, neither top-1 {want[j]} nor top-2 {second}"
         assert gap < tie, f"prompt {i}: DFLASH differs from plain decoding at {j} (gap {gap} >= {tie})"
+        excused += 1
+    assert excused <= max_excused, f"{excused} prompts differ at near-ties (at most {max_excused} allowed)"
 
 
 def dump_json(path, obj):

@@ -27,3 +27,5 @@ def test_offline_engine_lossless(pair, tmp_path):
     taus = [o["tau"] for o in res["outs"]]
     print("engine taus", taus)
     assert all(t is not None and t >= 1 for t in taus) and max(taus) > 1.5
+    tau = sum(o["tokens"] for o in res["outs"]) / sum(o["verify"] for o in res["outs"])
+    assert tau > 1.2, f"the offline engine barely speculated: tau {tau:.2f}"

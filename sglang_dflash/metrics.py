@@ -5,6 +5,7 @@ sglang:dflash_draft_tokens_total           tokens proposed (B - 1 per block)
 sglang:dflash_accepted_tokens_total{position=j}  drafts accepted at block position j (1..B-1)
 sglang:dflash_accept_length                histogram of tokens committed per block (1..B, bonus included)
 sglang:dflash_{draft,verify,kv_write}_seconds     per-step stage times
+sglang:dflash_draft_failures_total         draft steps that raised (that batch decoded without a draft)
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ class DFlashMetrics:
         self.labels, self.block = labels, block_size
         self.drafts = Counter("sglang:dflash_drafts", "Blocks drafted", names).labels(**labels)
         self.draft_tokens = Counter("sglang:dflash_draft_tokens", "Draft tokens proposed", names).labels(**labels)
+        self.draft_failures = Counter("sglang:dflash_draft_failures", "Draft steps that raised",
+                                      names).labels(**labels)
         self.accepted = Counter("sglang:dflash_accepted_tokens", "Drafts accepted per block position",
                                 names + ["position"])
         self.accept_len = Histogram("sglang:dflash_accept_length", "Tokens committed per block", names,

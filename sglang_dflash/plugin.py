@@ -83,6 +83,14 @@ def _validate_request(original, req, enable_overlap):
     return original(req, enable_overlap)
 
 
+def _add_dflash_state(original, self, state):
+    """/server_info: internal_states[i]["dflash"] = our worker's live counters (draft failures...)."""
+    original(self, state)
+    stats = getattr(self.scheduler.draft_worker, "stats", None)
+    if use_ours() and callable(stats):
+        state["dflash"] = stats()
+
+
 def _reject_bad_prompt(self, obj, input_ids, *args, **kwargs):
     # An empty prompt (a 0-token forward) or a token id outside the vocabulary (an embedding index
     # error) kills the scheduler in SGLang 0.5.23, with or without speculation: refuse with a 400.
@@ -125,5 +133,8 @@ def register():
                           HookType.AROUND)
     HookRegistry.register("sglang.srt.distributed.parallel_state.init_model_parallel_group",
                           _init_model_parallel_group, HookType.AROUND)
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative",
+        _add_dflash_state, HookType.AROUND)
     HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
                           _reject_bad_prompt, HookType.BEFORE)

@@ -72,6 +72,10 @@ class DFlashWorker(BaseSpecWorker):
         self.device_type = torch.device(self.device).type
         self.metrics = dflash_metrics.create(self.block_size)
         self.draft_steps = self.draft_failures = 0
+        # SGLang's sampler overwrites the logits it is given with probabilities, in place; seeded
+        # prefill rows are drawn by our keyed rule from the logits as the sampler received them.
+        self._keep_logits, self._pre_sample_logits = False, None
+        runner.sampler.register_forward_pre_hook(self._keep_pre_sample_logits)
         logger.info("DFLASH served by sglang_dflash (ours): block_size=%d (drafter trained %d), "
                     "drafter layers=%d, target_layer_ids=%s, mask_token_id=%d, dtype=%s, device=%s, %s",
                     self.block_size, self.cfg.block_size, self.cfg.num_layers, self.cfg.target_layer_ids,
@@ -132,10 +136,25 @@ class DFlashWorker(BaseSpecWorker):
                                          new_seq_lens=nxt.new_seq_lens)
         return self._decode(batch, on_publish)
 
+    def stats(self) -> dict:
+        """Live counters for /server_info (internal_states[i]["dflash"])."""
+        return {"draft_steps": self.draft_steps, "draft_failures": self.draft_failures}
+
+    def _keep_pre_sample_logits(self, sampler, args):
+        if self._keep_logits:
+            self._pre_sample_logits = args[0].next_token_logits.clone()
+
     def _prefill(self, batch, on_publish):
-        out = self._target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
+        rows = sampling_rows(batch)
+        seeded = rows is not None and any(s is not None for s in rows.seeds)
+        self._keep_logits = seeded
+        try:
+            out = self._target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
+        finally:
+            self._keep_logits = False
         out.new_seq_lens = batch.seq_lens
-        self._reseed_first_tokens(batch, out)
+        if seeded:
+            self._reseed_first_tokens(batch, rows, out)
         if on_publish is not None:
             on_publish(out.new_seq_lens)
         features = out.logits_output.hidden_states
@@ -170,6 +189,8 @@ class DFlashWorker(BaseSpecWorker):
                            self._lm_head_logits, block_ids, positions, temps, gumbel)
         except Exception as e:  # noqa: BLE001 - any drafter fault degrades to plain decoding
             self.draft_failures += 1
+            if self.metrics is not None:
+                self.metrics.draft_failures.inc()
             logger.warning("DFLASH draft step failed (%s: %s); this batch of %d decodes without a draft "
                            "(output stays exact). Failures so far: %d", type(e).__name__, e, len(batch.reqs),
                            self.draft_failures)
@@ -197,15 +218,22 @@ class DFlashWorker(BaseSpecWorker):
             logits = tensor_model_parallel_all_gather(logits.contiguous(), dim=-1)
         return logits[:, : self.vocab_size]
 
-    def _reseed_first_tokens(self, batch, out):
-        """Requests with a sampling_seed: draw the prefill's token with the same (seed, position)
-        rule as verify, so a seeded request is reproducible from its first token on."""
-        rows, logits = sampling_rows(batch), out.logits_output.next_token_logits
-        if rows is None or logits is None or all(s is None for s in rows.seeds):
-            return
-        tokens = target_tokens(logits, 1, *rows.args()).view(-1)
+    def _reseed_first_tokens(self, batch, rows, out):
+        """Seeded requests: draw the prefill's token with the same (seed, position) rule as verify,
+        from the target's logits before SGLang's sampler turned them into probabilities."""
+        logits, self._pre_sample_logits = self._pre_sample_logits, None
+        if logits is None:
+            raise RuntimeError("DFLASH prefill: the target's sampler did not run on a seeded batch")
+        tokens = target_tokens(logits, 1, *rows.args()).view(-1).to(out.next_token_ids.dtype)
         seeded = torch.tensor([s is not None for s in rows.seeds], device=tokens.device)
-        out.next_token_ids = torch.where(seeded, tokens.to(out.next_token_ids.dtype), out.next_token_ids)
+        out.next_token_ids = torch.where(seeded, tokens, out.next_token_ids)
+        lo = out.logits_output
+        if batch.return_logprob and lo.next_token_logprobs is not None:  # the logprob of OUR token
+            temps = rows.temperatures.clamp_min(1e-6)[:, None].to(logits.device)
+            greedy = (rows.temperatures <= 0)[:, None].to(logits.device)
+            logp = torch.log_softmax(torch.where(greedy, logits.float(), logits.float() / temps), dim=-1)
+            mine = logp.gather(1, tokens.long()[:, None]).squeeze(1).to(lo.next_token_logprobs.dtype)
+            lo.next_token_logprobs = torch.where(seeded, mine, lo.next_token_logprobs)
 
     def _dump_context(self, batch):
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
