@@ -4,6 +4,12 @@ no speculation vs our DFLASH worker (vs SGLang's built-in DFLASH on GPU), one se
 CPU mode: tiny generated models (steered pair, mixed acceptance). GPU mode: random-weight (dummy)
 target shaped like Qwen3-8B and a 5-layer drafter; a forced-acceptance steering is not possible
 with dummy weights, so tau there is what the random drafter gets (~1): it measures overhead.
+
+Measurement rules shared with the benches (bench/provenance.py): every arm gets the scheduler
+flags DFLASH forces (--no-match-sched: each arm's own defaults, recorded), the prefix cache is
+flushed before every throughput row, the lossless pass doubles as an identical warm-up for every
+arm, tau = committed tokens / verify steps, and the report carries the commit, a dirty flag and
+each arm's server argv and environment overrides.
 """
 from __future__ import annotations
 
@@ -16,23 +22,28 @@ import time
 ROOT = __file__.rsplit("/bench/", 1)[0]
 sys.path[:0] = [ROOT, os.path.join(ROOT, "python_tests")]
 
+import provenance  # noqa: E402
 from harness import generate_all, launch, prompts  # noqa: E402
 
 
 def bench(srv, batch, conc, max_new):
+    provenance.flush_cache(srv.url)  # the lossless pass filled the prefix cache
     t = time.perf_counter()
     outs = generate_all(srv, batch[:conc] * max(1, 8 // conc) if conc < 8 else batch[:conc], max_new, workers=conc)
     dt = time.perf_counter() - t
-    toks = sum(len(o["output_ids"]) for o in outs)
-    taus = [o["meta_info"].get("spec_accept_length", 1.0) for o in outs]
-    return {"concurrency": conc, "tok_s": toks / dt, "tau": sum(taus) / len(taus)}, outs
+    metas = [o["meta_info"] for o in outs]
+    return {"concurrency": conc, "tok_s": sum(m["completion_tokens"] for m in metas) / dt,
+            "tau": provenance.tau(metas)}, outs
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--no-match-sched", dest="match_sched", action="store_false",
+                    help="each arm keeps its own scheduler defaults (the report says so)")
     a = ap.parse_args()
+    prov = provenance.stamp()
     from conftest import MIXED, _pair
 
     gpu = a.device == "cuda"
@@ -48,9 +59,13 @@ def main():
     impls = [("none", None, {}), ("ours", drafter, {})]
     if gpu:
         impls.append(("builtin", drafter, {"SGLANG_DFLASH_IMPL": "builtin"}))
-    rows, ref = [], None
+    rows, ref, arms = [], None, {}
     for name, draft, env in impls:
-        with launch(target, draft, dtype, extra=extra, env=env, name=f"e2e-{name}") as srv:
+        arm_extra = provenance.arm_extra(extra, a.match_sched)
+        arms[name] = {"argv": provenance.server_argv(target, draft, dtype, arm_extra), "env": env}
+        # SGLang's built-in worker has none of our /server_info draft counters to check at exit.
+        with launch(target, draft, dtype, extra=arm_extra, env=env, name=f"e2e-{name}",
+                    check_drafts=name != "builtin") as srv:
             outs = generate_all(srv, batch, max_new)
             ids = [o["output_ids"] for o in outs]
             same = None if ref is None else sum(x == y for x, y in zip(ids, ref)) / len(ids)
@@ -65,7 +80,9 @@ def main():
     # few sequences may part at near-ties (see test_lossless.py); require 3 in 4 to be identical.
     need = 1.0 if not gpu else 0.75
     ok = all(r["identical_to_plain"] is None or r["identical_to_plain"] >= need for r in rows if r["impl"] == "ours")
-    report = {"tier": "e2e", "device": a.device, "rows": rows, "ok": ok}
+    report = {"tier": "e2e", "device": a.device, "rows": rows, "ok": ok, "arms": arms,
+              "sched_matched": a.match_sched, "sched_flags": provenance.SCHED_FLAGS if a.match_sched else [],
+              "tau_def": provenance.TAU_DEF, **{k: prov[k] for k in ("commit", "dirty", "dirty_files", "time")}}
     with open(a.out, "w") as f:
         json.dump(report, f, indent=1)
     for r in rows:

@@ -3,12 +3,25 @@ in ONE run on this machine: the same server command without speculation and with
 drafter at block sizes 16 and 8, held-out prompts of the drafter's training recipe (never trained
 on), concurrency 1 / 4 / 16, temperature 0 and 1.
 
-Per configuration: output tokens/s, speedup (ratio to plain decoding in this run, same
-concurrency and temperature), tau (mean and histogram of tokens committed per block, from the
-server's sglang:dflash_accept_length histogram), TTFT and inter-token latency p50/p99 (streaming
-clients). Writes bench/results/real_bench.jsonl and real_bench.png.
+Design (so a noisy 2-core machine cannot decide a ratio; one server at a time):
+- Every arm gets the same scheduler flags (bench/provenance.py SCHED_FLAGS: DFLASH forces no
+  overlap scheduling and 48 running requests, so plain gets them too; --no-match-sched to drop
+  them, which each row then reports).
+- --repeats N (default 2): the whole arm sequence runs N times, ABBA order (plain, b16, b8 then
+  b8, b16, plain), a fresh server per arm and repeat. Each server gets the same warm-up (2
+  prompts x 8 tokens at every temperature, excluded from the numbers), and the prefix cache is
+  flushed (POST /flush_cache) before every row, warm-up included.
+- A row's speedup is paired: its tok/s over plain's tok/s in the same repeat; rows report mean,
+  min, max and stdev of tok/s and of the speedup over repeats.
+
+Per configuration: output tokens/s, speedup, tau (provenance.tau: committed tokens / verify
+steps, pooled over requests and repeats; the server's sglang:dflash_accept_length histogram is
+kept as tau_hist), TTFT and inter-token latency p50/p99 (streaming clients, pooled over repeats),
+and the provenance (commit, dirty flag, both arms' server argv). Writes
+bench/results/real_bench.jsonl and real_bench.png.
 
 python bench/real_bench.py [--blocks 16 8] [--concurrency 1 4 16] [--temperatures 0 1] [--dtype bfloat16]
+                           [--repeats 2] [--no-match-sched]
 """
 from __future__ import annotations
 
@@ -16,7 +29,6 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -25,6 +37,7 @@ import requests
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "python_tests")]
 
+import provenance  # noqa: E402
 from harness import launch  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -58,8 +71,7 @@ def stream_one(url: str, ids: list[int], max_new: int, temperature: float, seed:
                 seen = meta["completion_tokens"]
     ttft = times[0][0] - t0 if times else float("nan")
     gaps = [(b[0] - a[0]) / b[1] for a, b in zip(times, times[1:])]  # per token, chunks may hold several
-    return {"tokens": meta.get("completion_tokens", 0), "verify_ct": meta.get("spec_verify_ct", 0),
-            "ttft": ttft, "itl": gaps}
+    return {"meta": meta, "ttft": ttft, "itl": gaps}
 
 
 def accept_hist(url: str) -> tuple[dict[int, float], dict[str, float]]:
@@ -82,23 +94,51 @@ def pct(xs, q):
 
 
 def run(srv, batch, conc, max_new, temp):
+    """One measured row on a warm server whose prefix cache is flushed first."""
+    provenance.flush_cache(srv.url)
     before, st0 = accept_hist(srv.url)
     t = time.perf_counter()
     with cf.ThreadPoolExecutor(conc) as ex:
         outs = list(ex.map(lambda a: stream_one(srv.url, a[1], max_new, temp, a[0]), enumerate(batch)))
     wall = time.perf_counter() - t
     after, st1 = accept_hist(srv.url)
-    stage_s = {k: round(st1[k] - st0.get(k, 0.0), 3) for k in st1}
     cum = {k: after.get(k, 0) - before.get(k, 0) for k in sorted(after)}
-    hist = {k: cum[k] - cum.get(k - 1, 0) for k in cum}
-    toks, vct = sum(o["tokens"] for o in outs), sum(o["verify_ct"] for o in outs)
-    itl = [g for o in outs for g in o["itl"]]
-    ttft = [o["ttft"] for o in outs]
-    return {"concurrency": conc, "temperature": temp, "requests": len(outs), "tokens": toks,
-            "tok_s": toks / wall, "tau_mean": toks / vct if vct else 1.0,
-            "tau_hist": {str(k): int(v) for k, v in hist.items() if v}, "wall_s": round(wall, 2),
-            "stage_s": stage_s,
-            "ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99), "itl_p50": pct(itl, 0.5), "itl_p99": pct(itl, 0.99)}
+    metas = [o["meta"] for o in outs]
+    return {"concurrency": conc, "temperature": temp, "requests": len(outs), "metas": metas,
+            "tok_s": sum(m.get("completion_tokens", 0) for m in metas) / wall, "wall_s": wall,
+            "hist": {k: cum[k] - cum.get(k - 1, 0) for k in cum},
+            "stage_s": {k: st1[k] - st0.get(k, 0.0) for k in st1},
+            "ttft": [o["ttft"] for o in outs], "itl": [g for o in outs for g in o["itl"]]}
+
+
+def warm_up(srv, batch, temps):
+    """Identical for every arm and repeat, excluded from the numbers."""
+    for temp in temps:
+        run(srv, batch[:2], 2, 8, temp)
+
+
+def collate(runs, prov, argv, match_sched, max_new):
+    """Per (config, temperature, concurrency): spreads over repeats, pooled latencies and histogram."""
+    summary = provenance.summarize(runs, ("temperature", "concurrency"))
+    rows = []
+    for (cfg, temp, conc), agg in summary.items():
+        rs = [r for r in runs if (r["config"], r["temperature"], r["concurrency"]) == (cfg, temp, conc)]
+        hist, stage = {}, {}
+        for r in rs:
+            for k, v in r["hist"].items():
+                hist[k] = hist.get(k, 0) + v
+            for k, v in r["stage_s"].items():
+                stage[k] = stage.get(k, 0.0) + v
+        itl, ttft = [g for r in rs for g in r["itl"]], [x for r in rs for x in r["ttft"]]
+        rows.append({"config": cfg, "temperature": temp, "concurrency": conc, "requests": rs[0]["requests"],
+                     "max_new_tokens": max_new, **agg,
+                     "tau_hist": {str(k): int(v) for k, v in sorted(hist.items()) if v},
+                     "wall_s_runs": [round(r["wall_s"], 2) for r in rs],
+                     "stage_s": {k: round(v, 3) for k, v in stage.items()},
+                     "ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99),
+                     "itl_p50": pct(itl, 0.5), "itl_p99": pct(itl, 0.99),
+                     **provenance.row_fields(prov, argv, cfg, match_sched)})
+    return rows
 
 
 def plot(rows, path):
@@ -114,9 +154,13 @@ def plot(rows, path):
             rs = sorted((r for r in rows if r["config"] == cfg and r["temperature"] == temp),
                         key=lambda r: r["concurrency"])
             xs = [r["concurrency"] for r in rs]
-            axes[0][col].plot(xs, [r["tok_s"] for r in rs], marker="o", label=cfg)
-            axes[1][col].plot(xs, [r["tau_mean"] for r in rs], marker="o", label=cfg)
-        for row, name in enumerate(["output tokens/s", "tau (tokens per verify)"]):
+            line = axes[0][col].plot(xs, [r["tok_s"] for r in rs], marker="o", label=cfg)[0]
+            # The band is min..max over repeats: a ratio inside overlapping bands is not a result.
+            axes[0][col].fill_between(xs, [r["tok_s_min"] for r in rs], [r["tok_s_max"] for r in rs],
+                                      color=line.get_color(), alpha=0.2)
+            if any(r["tau"] is not None for r in rs):  # plain has no verify steps, hence no tau
+                axes[1][col].plot(xs, [r["tau"] for r in rs], marker="o", label=cfg)
+        for row, name in enumerate(["output tokens/s (min-max band)", "tau (tokens per verify)"]):
             ax = axes[row][col]
             ax.set_xscale("log", base=2)
             ax.set_xlabel("concurrency")
@@ -129,7 +173,8 @@ def plot(rows, path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
     ap.add_argument("--draft")
     ap.add_argument("--dtype", default="bfloat16")
@@ -138,8 +183,12 @@ def main():
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2, help="times the whole arm sequence runs (ABBA order)")
+    ap.add_argument("--no-match-sched", dest="match_sched", action="store_false",
+                    help="do not give plain the scheduler flags DFLASH forces (rows then say so)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "real_bench.jsonl"))
     a = ap.parse_args()
+    prov = provenance.stamp()  # before anything is written
     from transformers import AutoTokenizer
 
     from sglang_dflash.drafters import shipped_drafter
@@ -148,31 +197,40 @@ def main():
     a.model = a.model or derive()
     a.draft = a.draft or shipped_drafter()
     batch = heldout_prompts(AutoTokenizer.from_pretrained(a.model), a.requests)
-    rows = []
+    arms = {}
     for block in [None, *a.blocks]:
-        extra = ["--enable-metrics"] + ([] if block is None else ["--speculative-num-draft-tokens", str(block)])
-        with launch(a.model, None if block is None else a.draft, a.dtype, extra=extra,
-                    name=f"real-bench-{block or 'plain'}") as srv:
-            run(srv, batch[:2], 2, 8, 0.0)  # warm-up
-            for temp in a.temperatures:
-                for c in a.concurrency:
-                    n = max(c, min(len(batch), 2 * c if c > 1 else 6))
-                    row = {"config": "plain" if block is None else f"dflash-b{block}",
-                           **run(srv, batch[:n], c, a.max_new_tokens, temp)}
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
-    base = {(r["concurrency"], r["temperature"]): r["tok_s"] for r in rows if r["config"] == "plain"}
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        spec = [] if block is None else ["--speculative-num-draft-tokens", str(block)]
+        arms["plain" if block is None else f"dflash-b{block}"] = (
+            None if block is None else a.draft, provenance.arm_extra(["--enable-metrics", *spec], a.match_sched))
+    argv = {cfg: provenance.server_argv(a.model, d, a.dtype, extra) for cfg, (d, extra) in arms.items()}
+    runs = []
+    for rep in range(a.repeats):
+        for cfg in provenance.arm_order(list(arms), rep):
+            draft, extra = arms[cfg]
+            with launch(a.model, draft, a.dtype, extra=extra, name=f"real-bench-{cfg}-r{rep}") as srv:
+                warm_up(srv, batch, a.temperatures)
+                for temp in a.temperatures:
+                    for c in a.concurrency:
+                        n = max(c, min(len(batch), 2 * c if c > 1 else 6))
+                        r = {"config": cfg, "repeat": rep, **run(srv, batch[:n], c, a.max_new_tokens, temp)}
+                        print(json.dumps({k: r[k] for k in ("config", "repeat", "temperature", "concurrency",
+                                                            "tok_s")}), flush=True)
+                        runs.append(r)
+    rows = collate(runs, prov, argv, a.match_sched, a.max_new_tokens)
     with open(a.out, "w") as f:
         for r in rows:
-            r["speedup"] = r["tok_s"] / base[(r["concurrency"], r["temperature"])]
-            r["time"] = stamp
             f.write(json.dumps(r) + "\n")
     plot(rows, a.out.replace(".jsonl", ".png"))
-    print("| config | T | conc | tok/s | speedup | tau | TTFT p50/p99 s | ITL p50/p99 ms |\n|---|---|---|---|---|---|---|---|")
+    dirty = " (dirty tree)" if prov["dirty"] else ""
+    print(f"commit {prov['commit']}{dirty}; {a.repeats} repeats; scheduler flags matched: {a.match_sched}")
+    print("| config | T | conc | tok/s (min-max) | speedup (min-max) | tau | TTFT p50/p99 s | ITL p50/p99 ms |\n"
+          "|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['config']} | {r['temperature']:g} | {r['concurrency']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x "
-              f"| {r['tau_mean']:.2f} | {r['ttft_p50']:.2f} / {r['ttft_p99']:.2f} "
+        tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
+        print(f"| {r['config']} | {r['temperature']:g} | {r['concurrency']} "
+              f"| {r['tok_s']:.1f} ({r['tok_s_min']:.1f}-{r['tok_s_max']:.1f}) "
+              f"| {r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) "
+              f"| {tau} | {r['ttft_p50']:.2f} / {r['ttft_p99']:.2f} "
               f"| {1000 * r['itl_p50']:.0f} / {1000 * r['itl_p99']:.0f} |")
 
 

@@ -1,8 +1,15 @@
 """Side-by-side serving benchmark in ONE run: the same server command without speculation and
-with DFLASH (block sizes given), at several concurrencies. Writes JSONL (one row per config) and
-prints a table; ratios (speedup) are against plain decoding measured in this same run.
+with DFLASH (block sizes given), at several concurrencies. Writes JSONL (one row per config and
+concurrency) and prints a table; ratios (speedup) are against plain decoding measured in this run.
 
-python bench/serve_bench.py --model M --draft D [--blocks 16 8] [--concurrency 1 4 16]
+Same design as real_bench.py (see bench/provenance.py): every arm gets the scheduler flags DFLASH
+forces (--no-match-sched drops them, and rows say so); --repeats N runs the whole arm sequence N
+times in ABBA order, a fresh server per arm and repeat, each with the same warm-up (2 prompts x 8
+tokens, excluded) and a prefix-cache flush before every row; a speedup is paired within a repeat
+and rows report mean/min/max/stdev over repeats; tau = committed tokens / verify steps; every row
+carries the commit, a dirty flag and both arms' server argv.
+
+python bench/serve_bench.py --model M --draft D [--blocks 16 8] [--concurrency 1 4 16] [--repeats 2]
 (no --model: the tiny steered pair `make serve` uses)."""
 from __future__ import annotations
 
@@ -16,22 +23,23 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "python_tests")]
 
+import provenance  # noqa: E402
 from harness import generate_all, launch, prompts  # noqa: E402
 
 
 def run_config(srv, batch, conc, max_new, temperature):
+    provenance.flush_cache(srv.url)  # no row starts with an earlier row's prefix cache
     t = time.perf_counter()
     outs = generate_all(srv, batch, max_new, workers=conc, temperature=temperature)
     wall = time.perf_counter() - t
-    toks = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    taus = [o["meta_info"].get("spec_accept_length", 1.0) for o in outs]
-    lat = [o["meta_info"]["e2e_latency"] for o in outs]
-    return {"concurrency": conc, "requests": len(outs), "tok_s": toks / wall, "tau_mean": statistics.mean(taus),
-            "latency_p50": statistics.median(lat), "latency_p99": sorted(lat)[int(0.99 * (len(lat) - 1))]}
+    metas = [o["meta_info"] for o in outs]
+    return {"concurrency": conc, "requests": len(outs), "metas": metas,
+            "tok_s": sum(m["completion_tokens"] for m in metas) / wall,
+            "latency": [m["e2e_latency"] for m in metas]}
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
     ap.add_argument("--draft")
     ap.add_argument("--dtype", default="float32")
@@ -40,30 +48,49 @@ def main():
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--repeats", type=int, default=2, help="times the whole arm sequence runs (ABBA order)")
+    ap.add_argument("--no-match-sched", dest="match_sched", action="store_false",
+                    help="do not give plain the scheduler flags DFLASH forces (rows then say so)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/serve_bench.jsonl"))
     a = ap.parse_args()
+    prov = provenance.stamp()  # before anything is written
     if not a.model:
         from sglang_dflash.testing.serve_assets import build_pair
 
         a.model, a.draft = build_pair(os.path.expanduser("~/.cache/sglang_dflash/serve"))
     batch = prompts(a.requests, seed=2, max_len=256)
+    arms = {"plain": (None, provenance.arm_extra([], a.match_sched))}
+    for block in a.blocks:
+        arms[f"dflash-b{block}"] = (a.draft, provenance.arm_extra(
+            ["--speculative-num-draft-tokens", str(block)], a.match_sched))
+    argv = {cfg: provenance.server_argv(a.model, d, a.dtype, extra) for cfg, (d, extra) in arms.items()}
+    runs = []
+    for rep in range(a.repeats):
+        for cfg in provenance.arm_order(list(arms), rep):
+            draft, extra = arms[cfg]
+            with launch(a.model, draft, a.dtype, extra=extra, name=f"bench-{cfg}-r{rep}") as srv:
+                run_config(srv, batch[:2], 2, 8, a.temperature)  # warm-up, identical for every arm
+                for c in a.concurrency:
+                    runs.append({"config": cfg, "repeat": rep,
+                                 **run_config(srv, batch, c, a.max_new_tokens, a.temperature)})
     rows = []
-    for block in [None, *a.blocks]:
-        extra = [] if block is None else ["--speculative-num-draft-tokens", str(block)]
-        with launch(a.model, None if block is None else a.draft, a.dtype, extra=extra,
-                    name=f"bench-{block or 'plain'}") as srv:
-            generate_all(srv, batch[:2], 8)  # warm-up
-            for c in a.concurrency:
-                rows.append({"config": "plain" if block is None else f"dflash-b{block}",
-                             **run_config(srv, batch, c, a.max_new_tokens, a.temperature)})
-    base = {r["concurrency"]: r["tok_s"] for r in rows if r["config"] == "plain"}
+    for (cfg, conc), agg in provenance.summarize(runs, ("concurrency",)).items():
+        lat = sorted(x for r in runs if (r["config"], r["concurrency"]) == (cfg, conc) for x in r["latency"])
+        rows.append({"config": cfg, "concurrency": conc, "temperature": a.temperature, "requests": len(batch),
+                     "max_new_tokens": a.max_new_tokens, **agg,
+                     "latency_p50": statistics.median(lat), "latency_p99": lat[int(0.99 * (len(lat) - 1))],
+                     **provenance.row_fields(prov, argv, cfg, a.match_sched)})
     with open(a.out, "w") as f:
         for r in rows:
-            r["speedup"] = r["tok_s"] / base[r["concurrency"]]
             f.write(json.dumps(r) + "\n")
-    print("| config | concurrency | tok/s | speedup | tau | p50 s | p99 s |\n|---|---|---|---|---|---|---|")
+    print(f"commit {prov['commit']}{' (dirty tree)' if prov['dirty'] else ''}; {a.repeats} repeats; "
+          f"scheduler flags matched: {a.match_sched}")
+    print("| config | concurrency | tok/s (min-max) | speedup (min-max) | tau | p50 s | p99 s |\n"
+          "|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['config']} | {r['concurrency']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | {r['tau_mean']:.2f} "
+        tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
+        print(f"| {r['config']} | {r['concurrency']} | {r['tok_s']:.1f} ({r['tok_s_min']:.1f}-{r['tok_s_max']:.1f}) "
+              f"| {r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) | {tau} "
               f"| {r['latency_p50']:.3f} | {r['latency_p99']:.3f} |")
 
 

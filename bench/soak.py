@@ -6,6 +6,8 @@ sampled requests, 10% streaming clients that disconnect early, 10% aborted throu
 healthy, the KV pool is empty after a cache flush (and SGLang's strict idle leak check never
 fired), scheduler memory is flat between the second and the last hundred requests, and every
 completed greedy request equals plain decoding (a plain server started after the DFLASH one).
+Every request ends as exactly one of completed / aborted / disconnected / error; a non-2xx answer
+(or an error event in a stream) on ANY path, abort and disconnect included, is an error.
 
 python bench/soak.py [--requests 600] [--concurrency 32]   -> bench/results/soak.jsonl
 """
@@ -27,6 +29,7 @@ import requests
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "python_tests")]
 
+import provenance  # noqa: E402
 from harness import launch  # noqa: E402
 
 CONTEXT, MAX_TOTAL = 2048, 3072
@@ -54,18 +57,32 @@ def one(url: str, job: dict) -> dict:
     try:
         if job["kind"] == "disconnect":
             with requests.post(url + "/generate", json={**body, "stream": True}, stream=True, timeout=600) as r:
-                for n, _ in enumerate(r.iter_lines()):
-                    if n >= 2:
-                        break  # hang up mid-stream
-            rec["status"] = "disconnected"
+                if not r.ok:  # refused before streaming: the server failed it, not the client
+                    rec.update(status="error", error=f"http{r.status_code}: {r.text[:200]}")
+                else:
+                    rec["status"] = "disconnected"
+                    for n, line in enumerate(r.iter_lines()):
+                        # SGLang reports a failure inside a 200 stream as an "error" event.
+                        if line.startswith(b"data: {") and "error" in json.loads(line[6:]):
+                            rec.update(status="error", error=f"stream error: {line[6:206].decode(errors='replace')}")
+                            break
+                        if n >= 2:
+                            break  # hang up mid-stream
         elif job["kind"] == "abort":
             with cf.ThreadPoolExecutor(1) as ex:
                 fut = ex.submit(requests.post, url + "/generate", json=body, timeout=600)
                 time.sleep(job["delay"])
-                requests.post(url + "/abort_request", json={"rid": body["rid"]}, timeout=60)
+                ab = requests.post(url + "/abort_request", json={"rid": body["rid"]}, timeout=60)
                 out = fut.result()
-            reason = out.json()["meta_info"]["finish_reason"]["type"] if out.ok else f"http{out.status_code}"
-            rec["status"] = "aborted" if reason == "abort" else "completed"
+            # Either call failing is an error: an abort the server refused, or a generate that came
+            # back non-2xx, must not pass as a completed request.
+            if not ab.ok:
+                rec.update(status="error", error=f"abort_request http{ab.status_code}: {ab.text[:200]}")
+            elif not out.ok:
+                rec.update(status="error", error=f"http{out.status_code}: {out.text[:200]}")
+            else:
+                reason = out.json()["meta_info"]["finish_reason"]["type"]
+                rec["status"] = "aborted" if reason == "abort" else "completed"
         else:
             r = requests.post(url + "/generate", json=body, timeout=900)
             if not r.ok:
@@ -135,7 +152,7 @@ def soak(target: str, drafter: str, n: int, concurrency: int, seed: int = 0) -> 
     return {
         "requests": n, "concurrency": concurrency, "wall_s": round(wall, 1),
         "completed": status.count("completed"), "aborted": status.count("aborted"),
-        "disconnected": status.count("disconnected"), "errors": errors,
+        "disconnected": status.count("disconnected"), "errors": errors, "error_count": status.count("error"),
         "greedy_checked": len(greedy), "greedy_mismatched": mismatched,
         "latency_p50_s": round(statistics.median(lat), 3) if lat else None,
         "latency_p99_s": round(lat[int(0.99 * (len(lat) - 1))], 3) if lat else None,
@@ -144,6 +161,8 @@ def soak(target: str, drafter: str, n: int, concurrency: int, seed: int = 0) -> 
         "leak_reported": "leak" in log.lower(),
         "rss_mb": {str(k): round(v) for k, v in rss.items()},
         "rss_growth_mb": round(rss[marks[-1]] - rss[marks[1]]) if len(marks) >= 2 else None,
+        "argv": {"dflash": provenance.server_argv(target, drafter, "float32", extra),
+                 "plain": provenance.server_argv(target, None, "float32", extra[:4])},
     }
 
 
@@ -155,9 +174,10 @@ def main():
     args = ap.parse_args()
     from sglang_dflash.testing.serve_assets import build_pair
 
+    prov = provenance.stamp()  # the commit measured, taken before the run writes anything
     target, drafter = build_pair(os.path.expanduser("~/.cache/sglang_dflash/serve"))
     fig = soak(target, drafter, args.requests, args.concurrency)
-    fig["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    fig.update({k: prov[k] for k in ("commit", "dirty", "dirty_files", "time")})
     print(json.dumps(fig, indent=1))
     with open(args.out, "a") as f:
         f.write(json.dumps(fig) + "\n")

@@ -39,3 +39,12 @@ def _pair(kind: str, dtype: str, strength: float | None, block: int = 16, layers
 @pytest.fixture(scope="session")
 def pair():
     return _pair
+
+
+@pytest.fixture(scope="session")
+def context_pair():
+    """(target, drafter): a tiny target whose greedy text loops, and a drafter trained on it whose
+    drafts depend on the context (built once, about a minute on 2 cores; cached under ROOT)."""
+    from sglang_dflash.testing.context_drafter import make_context_pair
+
+    return make_context_pair(ROOT)

@@ -189,6 +189,19 @@ def assert_lossless(refs, outs, tie: float, max_excused: int | None = None):
     assert excused <= max_excused, f"{excused} prompts differ at near-ties (at most {max_excused} allowed)"
 
 
+def steered_verify_steps(output_ids, block: int, steer: int = 42) -> int:
+    """Verify steps a server must take to emit output_ids when every draft is `steer` (the steered
+    tiny drafter): each step accepts the run of `steer` tokens that follows, up to block - 1 of
+    them, plus the target's bonus token. The first token comes from the prefill."""
+    pos, steps = 1, 0
+    while pos < len(output_ids):
+        run = 0
+        while run < block - 1 and pos + run < len(output_ids) - 1 and output_ids[pos + run] == steer:
+            run += 1
+        pos, steps = pos + run + 1, steps + 1
+    return steps
+
+
 def dump_json(path, obj):
     with open(path, "w") as f:
         json.dump(obj, f)

@@ -7,21 +7,30 @@ For 20,000 independent requests we emit the first two tokens exactly as the work
 comes from the same block when d1 is accepted, else from the next block's first position) and
 compare their joint distribution with the exact one, p0(a) * p1(b | a), by a chi-square test. The
 test must fail for deliberately broken acceptance rules.
+
+The exact distributions p0, p1 come from SGLang's own CPU sampler (sglang_oracle.py), never from our
+verify._filter, so a filter that disagrees with SGLang's cannot cancel out; test_filter_matches_...
+checks our filter against that oracle directly.
 """
+import itertools
+import subprocess
+import sys
+import types
+
 import pytest
 import torch
 from scipy.stats import chisquare
+from sglang_oracle import batch_tensors, request_params, sglang_probs
 
 from sglang_dflash.accept import accept_block, stop_table
-from sglang_dflash.verify import _filter, target_tokens
+from sglang_dflash.verify import target_tokens
 
 V, N, B = 32, 20000, 4
 
 
 def filtered_probs(logits, temp, top_p, top_k, min_p):
-    n = logits.shape[0]
-    p = torch.softmax(logits / temp, -1)
-    return _filter(p, torch.full((n,), top_k), torch.full((n,), top_p), torch.full((n,), min_p))
+    """The exact target distribution, as SGLang's sampler computes it (the oracle, not our code)."""
+    return sglang_probs(logits, temp, top_p, top_k, min_p)
 
 
 def emit_two(rule, temp, top_p, top_k, min_p, seed=0):
@@ -164,3 +173,88 @@ def test_rejection_sampling_with_selector_q_is_lossless(temp, top_p, top_k, min_
 def test_broken_rejection_rules_are_caught(rule):
     first, second, p0, _ = emit_two_with_q(rule, 1.0, 1.0, -1, 0.0)
     assert chi2_p(first, second, p0, 1.0, 1.0, -1, 0.0) < 1e-6
+
+
+# ---- our filter vs SGLang's sampler (the oracle above) ---------------------------------------------
+def oracle_logits(g):
+    """Rows of random logits, heavily tied logits (few distinct values) and one very peaked row each."""
+    rand = torch.randn(6, V, generator=g) * 2.5
+    ties = torch.randint(0, 4, (6, V), generator=g).float()
+    peaked = torch.randn(2, V, generator=g) * 0.1
+    peaked[:, 3] += 12
+    return torch.cat([rand, ties, peaked])
+
+
+def ours_vs_sglang(monkeypatch, logits, params):
+    """Feed SGLang's own SamplingParams through the worker's path (batch_sampling.sampling_rows ->
+    verify.target_tokens) and return (our distribution per row, SGLang's); our distribution is what
+    target_tokens hands to verify.race (sampled rows) or the one-hot of its token (greedy rows)."""
+    import sglang_dflash.verify as verify
+    from sglang_dflash.batch_sampling import sampling_rows
+
+    temps, top_ps, top_ks, min_ps = batch_tensors(params)
+    info = types.SimpleNamespace(is_all_greedy=all(sp.top_k <= 1 for sp in params), temperatures=temps,
+                                 top_ps=top_ps, top_ks=top_ks, min_ps=min_ps)
+    batch = types.SimpleNamespace(sampling_info=info, reqs=[
+        types.SimpleNamespace(sampling_params=sp, output_ids=[]) for sp in params])
+    seen, real, rows = [], verify.race, sampling_rows(batch)
+    with monkeypatch.context() as m:
+        m.setattr(verify, "race", lambda w, noise: seen.append(w.clone()) or real(w, noise))
+        tokens = verify.target_tokens(logits, 1, *(rows.args() if rows is not None else ())).view(-1)
+    ours = torch.nn.functional.one_hot(tokens, V).float()
+    if seen:
+        sampled = rows.temperatures > 0
+        ours[sampled] = (seen[0] / seen[0].sum(-1, keepdim=True))[sampled]
+    want = sglang_probs(logits, [sp.temperature for sp in params], [sp.top_p for sp in params],
+                        [sp.top_k for sp in params], [sp.min_p for sp in params])
+    return ours, want
+
+
+GRID = list(itertools.product([1.0, 0.9, 0.5, 1e-3], [-1, 1, 2, 5, V + 3], [0.0, 0.05, 0.5, 0.99]))
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.25, 1.0, 1.7])
+def test_filter_matches_sglang_sampler(monkeypatch, temp):
+    """Per (temperature, top_p, top_k, min_p) batch: our sampling distribution == SGLang's, exactly."""
+    g = torch.Generator().manual_seed(7)
+    bad = []
+    for top_p, top_k, min_p in GRID:
+        logits = oracle_logits(g)
+        ours, want = ours_vs_sglang(monkeypatch, logits, request_params(len(logits), temp, top_p, top_k, min_p))
+        err = (ours - want).abs().max().item()
+        if err > 1e-6:
+            bad.append((top_p, top_k, min_p, err))
+    assert not bad, f"T={temp}: our filter differs from SGLang's sampler at (top_p, top_k, min_p, err) {bad}"
+
+
+def test_filter_matches_sglang_sampler_in_mixed_batches(monkeypatch):
+    """Requests with different parameters in one batch (SGLang's need_* flags are batch-wide).
+    Greedy rows (top_k 1 or temperature 0) only have to pick a maximal logit: in a batch that is not
+    all greedy SGLang breaks exact ties by its descending sort (argmax in an all-greedy batch), so its
+    own choice among tied maxima depends on the batch; ours is always the argmax."""
+    g = torch.Generator().manual_seed(8)
+    grid = [(t, *rest) for t in (0.0, 0.25, 1.0, 1.7) for rest in GRID]
+    for _ in range(20):
+        logits = oracle_logits(g).repeat(3, 1)
+        pick = torch.randint(0, len(grid), (logits.shape[0],), generator=g).tolist()
+        params = request_params(len(logits), *zip(*[grid[i] for i in pick]))
+        ours, want = ours_vs_sglang(monkeypatch, logits, params)
+        greedy = torch.tensor([sp.top_k <= 1 for sp in params])
+        torch.testing.assert_close(ours[~greedy], want[~greedy], rtol=0, atol=1e-6)
+        best = logits[greedy].max(-1, keepdim=True).values
+        for dist in (ours[greedy], want[greedy]):  # each a one-hot on a maximal logit
+            assert torch.equal(dist.max(-1).values, torch.ones(len(dist))) and bool((dist.sum(-1) == 1).all())
+            assert torch.equal(logits[greedy].gather(1, dist.argmax(-1, keepdim=True)), best)
+
+
+def test_cpu_server_samples_with_the_pytorch_backend():
+    """The oracle models SGLang's "pytorch" sampling backend: that is what --device cpu resolves to."""
+    from sglang_dflash.testing.tiny_models import tiny_model_cache
+
+    code = ("from sglang_dflash.cpu_shims import install_cpu_shims; install_cpu_shims()\n"
+            "from sglang.srt.server_args import ServerArgs\n"
+            f"a = ServerArgs(model_path={str(tiny_model_cache('llama', 'float32'))!r}, device='cpu', "
+            "attention_backend='torch_native')\n"
+            "a.resolve_once(); print('SAMPLING_BACKEND', a.resolved_dict()['sampling_backend'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert "SAMPLING_BACKEND pytorch" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]

@@ -118,24 +118,36 @@ def _accepted(hidden: torch.Tensor, targets: torch.Tensor, embed: torch.Tensor) 
 
 
 @torch.no_grad()
-def walk_tau(drafter: DFlashDrafter, embed: torch.Tensor, mask_token_id: int, block: int, seqs: list[Seq],
-             max_answer: int | None = None, autocast: bool = True) -> float:
-    """Serving-equivalent tau: walk each answer as greedy speculative decoding would (a block at the
-    answer start, the next one after the accepted tokens + bonus) and return tokens / blocks. Lower
-    than eval_tau, which weights every position equally and so over-counts easy stretches."""
-    tokens = blocks_n = 0
+def walk_counts(drafter: DFlashDrafter, embed: torch.Tensor, mask_token_id: int, block: int, seqs: list[Seq],
+                max_answer: int | None = None, autocast: bool = True,
+                head: torch.Tensor | None = None) -> list[tuple[int, int]]:
+    """Walk each answer as greedy speculative decoding would (a block at the answer start, the next
+    one after the accepted tokens + bonus) -> [(committed tokens, blocks)] per sequence (0, 0 when
+    the answer has < 2 tokens). head [V, H]: an untied LM head (default: embed, the tied one)."""
+    out = []
     for s in seqs:
         end = s.tokens.shape[0] if max_answer is None else min(s.tokens.shape[0], s.answer_start + max_answer)
         anchors = torch.arange(s.answer_start, end - 1)
         if not anchors.numel():
+            out.append((0, 0))
             continue
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             hidden, targets = block_hidden(drafter, embed, mask_token_id, block, [(s, anchors)])
-        acc = _accepted(hidden, targets, embed).tolist()
+        acc = _accepted(hidden, targets, embed if head is None else head).tolist()
         p = s.answer_start
+        tokens = blocks_n = 0
         while p < end - 1:
             a = acc[p - s.answer_start]
             tokens += min(a + 1, end - p)
             blocks_n += 1
             p += a + 1
-    return tokens / max(blocks_n, 1)
+        out.append((tokens, blocks_n))
+    return out
+
+
+def walk_tau(drafter: DFlashDrafter, embed: torch.Tensor, mask_token_id: int, block: int, seqs: list[Seq],
+             max_answer: int | None = None, autocast: bool = True) -> float:
+    """Serving-equivalent tau: tokens / blocks over walk_counts. Lower than eval_tau, which weights
+    every position equally and so over-counts easy stretches."""
+    counts = walk_counts(drafter, embed, mask_token_id, block, seqs, max_answer, autocast)
+    return sum(t for t, _ in counts) / max(sum(b for _, b in counts), 1)

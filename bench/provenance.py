@@ -1,0 +1,140 @@
+"""What a benchmark row measured, defined once for every bench that writes results (real_bench,
+serve_bench, e2e_check, ops_bench), so two rows are comparable only when these fields say so.
+
+- git_state(): the commit measured and whether the work tree differed from it. Paths under
+  bench/results/ are left out: a previous run's output does not change what is measured, and
+  counting it would mark every second run dirty.
+- server_argv(): the exact server command line of an arm, from python_tests/harness.py
+  server_cmd (what harness.launch runs, minus the per-run --port).
+- SCHED_FLAGS: DFLASH forces --disable-overlap-schedule and sets --max-running-requests 48 when
+  unset (sglang_dflash/plugin.py _handle_dflash). Passed to EVERY arm by default so a speedup is
+  speculation alone, not a different scheduler.
+- tau(): THE definition of tau in this repo: committed tokens / verify steps, i.e.
+  sum(completion_tokens) / sum(spec_verify_ct) over a row's requests (the same ratio SGLang puts
+  in spec_accept_length per request, but pooled, so long requests weigh by their steps). None for
+  an arm without speculation (no verify steps).
+- flush_cache(): POST /flush_cache until the server accepts it, so no row starts with the prefix
+  cache an earlier row filled.
+- arm_order() / summarize(): repeats interleave the arms ABBA, and every tok/s and speedup is
+  reported as mean with min/max/stdev; a speedup is paired within one repeat (the two arms ran
+  minutes apart), never a ratio of two means that each hide their own noise.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import requests
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.join(ROOT, "python_tests") not in sys.path:
+    sys.path.insert(0, os.path.join(ROOT, "python_tests"))
+
+SCHED_FLAGS = ["--disable-overlap-schedule", "--max-running-requests", "48"]
+# What the plugin does to a DFLASH arm when SCHED_FLAGS are not passed (recorded with unmatched rows).
+DFLASH_FORCES = "disable_overlap_schedule=True; max_running_requests=48 when unset"
+TAU_DEF = "sum(completion_tokens) / sum(spec_verify_ct) over the row's requests"
+
+
+def _git(*args: str) -> str | None:
+    try:
+        p = subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout if p.returncode == 0 else None
+
+
+def git_state() -> dict:
+    """{"commit": HEAD sha or None, "dirty": bool or None, "dirty_files": [...] (first 20)}."""
+    head = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain")
+    if status is None:
+        return {"commit": head.strip() if head else None, "dirty": None, "dirty_files": []}
+    # Porcelain v1: "XY path" or "XY old -> new"; the path starts at column 3.
+    files = [ln[3:].split(" -> ")[-1].strip('"') for ln in status.splitlines() if ln.strip()]
+    files = [f for f in files if not f.startswith("bench/results/")]
+    return {"commit": head.strip() if head else None, "dirty": bool(files), "dirty_files": files[:20]}
+
+
+def stamp() -> dict:
+    """Provenance captured once, at the START of a run (before it writes any result file)."""
+    return {**git_state(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "python": sys.executable}
+
+
+def arm_extra(extra: list[str], match_sched: bool) -> list[str]:
+    """The extra server flags of an arm: the bench's own plus, when matching, SCHED_FLAGS."""
+    return [*extra, *SCHED_FLAGS] if match_sched else list(extra)
+
+
+def server_argv(model: str, draft: str | None, dtype: str, extra: list[str]) -> list[str]:
+    from harness import server_cmd
+
+    return server_cmd(model, draft, dtype, list(extra))
+
+
+def row_fields(prov: dict, argv: dict[str, list[str]], config: str, match_sched: bool,
+               baseline: str = "plain") -> dict:
+    """Provenance fields every JSONL row carries: commit, dirty flag, the row's own server argv and
+    the baseline arm's (the two arms its speedup compares), and the scheduler-flag policy."""
+    out = {"commit": prov["commit"], "dirty": prov["dirty"], "dirty_files": prov["dirty_files"],
+           "time": prov["time"], "argv": argv[config], "baseline_argv": argv[baseline],
+           "sched_matched": match_sched, "sched_flags": SCHED_FLAGS if match_sched else [],
+           "tau_def": TAU_DEF}
+    if not match_sched:
+        out["sched_note"] = "DFLASH arms only: " + DFLASH_FORCES
+    return out
+
+
+def tau(metas) -> float | None:
+    """Committed tokens per verify step over these requests' meta_info dicts; None without verify steps."""
+    metas = list(metas)
+    steps = sum(m.get("spec_verify_ct") or 0 for m in metas)
+    if not steps:
+        return None
+    return sum(m.get("completion_tokens") or 0 for m in metas) / steps
+
+
+def flush_cache(url: str, tries: int = 30) -> None:
+    """Empty the prefix cache. SGLang refuses (non-200) while requests are still in flight, which
+    can briefly outlast the last HTTP response, so retry; a cache that never flushes is an error."""
+    last = None
+    for _ in range(tries):
+        r = requests.post(url + "/flush_cache", timeout=60)
+        if r.ok:
+            return
+        last = f"http{r.status_code}: {r.text[:200]}"
+        time.sleep(0.5)
+    raise RuntimeError(f"{url}/flush_cache kept failing: {last}")
+
+
+def arm_order(arms: list, repeat: int) -> list:
+    """ABBA: forward on even repeats, reversed on odd ones, so a slow drift of the machine (thermal,
+    another tenant) loads every arm alike instead of always penalising the last one."""
+    return list(arms) if repeat % 2 == 0 else list(reversed(arms))
+
+
+def spread(name: str, xs: list[float]) -> dict:
+    """{name: mean, name_min, name_max, name_stdev (0 for one value), name_runs: [...]}."""
+    return {name: statistics.mean(xs), f"{name}_min": min(xs), f"{name}_max": max(xs),
+            f"{name}_stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0, f"{name}_runs": list(xs)}
+
+
+def summarize(runs: list[dict], keys: tuple[str, ...], baseline: str = "plain") -> dict[tuple, dict]:
+    """runs: one dict per (repeat, config, *keys) with tok_s and metas (the requests' meta_info).
+    Returns {(config, *keys): {"repeats", tok_s spread, speedup spread, "tau", "tokens"}}, where each
+    speedup is that repeat's tok_s over the baseline's tok_s in the SAME repeat and keys."""
+    base = {(r["repeat"], *(r[k] for k in keys)): r["tok_s"] for r in runs if r["config"] == baseline}
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["config"], *(r[k] for k in keys)), []).append(r)
+    out = {}
+    for gk, rs in groups.items():
+        ratios = [r["tok_s"] / base[(r["repeat"], *gk[1:])] for r in rs]
+        metas = [m for r in rs for m in r["metas"]]
+        out[gk] = {"repeats": len(rs), **spread("tok_s", [r["tok_s"] for r in rs]), **spread("speedup", ratios),
+                   "tau": tau(metas), "tokens": sum(m.get("completion_tokens") or 0 for m in metas)}
+    return out
