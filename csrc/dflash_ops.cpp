@@ -7,6 +7,8 @@
 #include <cmath>
 #include <vector>
 
+#include "dflash_checks.h"
+
 namespace sglang_dflash {
 
 namespace {
@@ -42,42 +44,20 @@ void write_one(const in_t* k, const in_t* v, const float* w, const float* cos, c
   }
 }
 
-void check_write_args(const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& cs,
-                      const at::Tensor& pos, const at::Tensor& slots, const at::Tensor& kc,
-                      const at::Tensor& vc) {
-  TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes(), "write_draft_kv: k, v must be [L, T, Hkv, D] alike");
-  TORCH_CHECK(kc.dim() == 4 && vc.sizes() == kc.sizes(), "write_draft_kv: caches must be [L, S, Hkv, D] alike");
-  TORCH_CHECK(kc.size(0) == k.size(0) && kc.size(2) == k.size(2) && kc.size(3) == k.size(3),
-              "write_draft_kv: cache layout [L, S, Hkv, D] does not match k");
-  TORCH_CHECK(w.dim() == 2 && w.size(0) == k.size(0) && w.size(1) == k.size(3),
-              "write_draft_kv: k_norm_weight must be [L, D]");
-  TORCH_CHECK(cs.dim() == 2 && cs.size(1) == k.size(3) && cs.scalar_type() == at::kFloat,
-              "write_draft_kv: cos_sin_cache must be float32 [P, D]");
-  TORCH_CHECK(k.size(3) % 2 == 0, "write_draft_kv: head_dim must be even");
-  TORCH_CHECK(pos.numel() == k.size(1) && slots.numel() == k.size(1), "write_draft_kv: positions/slots must be [T]");
-  TORCH_CHECK(pos.scalar_type() == at::kLong && slots.scalar_type() == at::kLong,
-              "write_draft_kv: positions and slots must be int64");
-  TORCH_CHECK(k.is_contiguous() && v.is_contiguous() && kc.is_contiguous() && vc.is_contiguous() &&
-              w.is_contiguous() && cs.is_contiguous(), "write_draft_kv: tensors must be contiguous");
-}
-
 }  // namespace
 
 void write_draft_kv_cpu(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_norm_weight,
                         const at::Tensor& cos_sin_cache, const at::Tensor& positions, const at::Tensor& slots,
                         at::Tensor& k_cache, at::Tensor& v_cache, double eps, bool neox, double kv_scale) {
-  check_write_args(k, v, k_norm_weight, cos_sin_cache, positions, slots, k_cache, v_cache);
+  checks::check_write_draft_kv_args(k, v, k_norm_weight, cos_sin_cache, positions, slots, k_cache, v_cache);
   const int64_t L = k.size(0), T = k.size(1), H = k.size(2), D = k.size(3), S = k_cache.size(1);
   if (T == 0) return;
+  const at::Tensor pos_c = positions.contiguous(), slots_c = slots.contiguous();
+  checks::check_write_draft_kv_bounds(pos_c, slots_c, S, cos_sin_cache.size(0));
   const at::Tensor w = k_norm_weight.to(at::kFloat).contiguous();
-  const int64_t* pos = positions.data_ptr<int64_t>();
-  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t* pos = pos_c.data_ptr<int64_t>();
+  const int64_t* slot = slots_c.data_ptr<int64_t>();
   const float* csp = cos_sin_cache.data_ptr<float>();
-  const int64_t P = cos_sin_cache.size(0);
-  for (int64_t t = 0; t < T; ++t) {
-    TORCH_CHECK(slot[t] >= 0 && slot[t] < S, "write_draft_kv: slot ", slot[t], " out of range [0, ", S, ")");
-    TORCH_CHECK(pos[t] >= 0 && pos[t] < P, "write_draft_kv: position ", pos[t], " beyond cos_sin_cache (", P, ")");
-  }
   const bool fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
   const float inv_scale = fp8 ? static_cast<float>(1.0 / kv_scale) : 1.f;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "write_draft_kv_in", [&] {

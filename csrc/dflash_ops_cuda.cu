@@ -8,6 +8,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "dflash_checks.h"
+
 namespace sglang_dflash {
 
 namespace {
@@ -114,23 +116,23 @@ __global__ void accept_kernel(const int64_t* __restrict__ draft, const int64_t* 
 void write_draft_kv_cuda(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_norm_weight,
                          const at::Tensor& cos_sin_cache, const at::Tensor& positions, const at::Tensor& slots,
                          at::Tensor& k_cache, at::Tensor& v_cache, double eps, bool neox, double kv_scale) {
-  TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes() && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
-              "write_draft_kv: k, v [L, T, Hkv, D]; caches [L, S, Hkv, D]");
-  TORCH_CHECK(k.is_contiguous() && v.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "write_draft_kv: tensors must be contiguous");
-  TORCH_CHECK(cos_sin_cache.scalar_type() == at::kFloat, "write_draft_kv: cos_sin_cache must be float32");
+  checks::check_write_draft_kv_args(k, v, k_norm_weight, cos_sin_cache, positions, slots, k_cache, v_cache);
   if (k.size(1) == 0) return;
   const c10::cuda::CUDAGuard guard(k.device());
+  // Slot/position bounds are checked on the host before the launch (device min/max, one small copy
+  // back): the kernel indexes the pool with slots[t] unchecked, so it never runs with a bad one.
+  const at::Tensor pos = positions.contiguous(), slot = slots.contiguous();
+  checks::check_write_draft_kv_bounds(pos, slot, k_cache.size(1), cos_sin_cache.size(0));
   const at::Tensor w = k_norm_weight.to(at::kFloat).contiguous();
   const at::Tensor cs = cos_sin_cache.contiguous();
   const bool fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
   const float inv_scale = fp8 ? static_cast<float>(1.0 / kv_scale) : 1.f;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "write_draft_kv_cuda", [&] {
     switch (k_cache.scalar_type()) {
-      case at::kFloat: launch_write<scalar_t, float>(k, v, w, cs, positions, slots, k_cache, v_cache, eps, neox, inv_scale); break;
-      case at::kBFloat16: launch_write<scalar_t, at::BFloat16>(k, v, w, cs, positions, slots, k_cache, v_cache, eps, neox, inv_scale); break;
-      case at::kHalf: launch_write<scalar_t, at::Half>(k, v, w, cs, positions, slots, k_cache, v_cache, eps, neox, inv_scale); break;
-      case at::kFloat8_e4m3fn: launch_write<scalar_t, at::Float8_e4m3fn>(k, v, w, cs, positions, slots, k_cache, v_cache, eps, neox, inv_scale); break;
+      case at::kFloat: launch_write<scalar_t, float>(k, v, w, cs, pos, slot, k_cache, v_cache, eps, neox, inv_scale); break;
+      case at::kBFloat16: launch_write<scalar_t, at::BFloat16>(k, v, w, cs, pos, slot, k_cache, v_cache, eps, neox, inv_scale); break;
+      case at::kHalf: launch_write<scalar_t, at::Half>(k, v, w, cs, pos, slot, k_cache, v_cache, eps, neox, inv_scale); break;
+      case at::kFloat8_e4m3fn: launch_write<scalar_t, at::Float8_e4m3fn>(k, v, w, cs, pos, slot, k_cache, v_cache, eps, neox, inv_scale); break;
       default: TORCH_CHECK(false, "write_draft_kv: unsupported cache dtype ", k_cache.scalar_type());
     }
   });

@@ -3,10 +3,12 @@ import os
 
 import pytest
 
+from sglang_dflash import env
+from sglang_dflash.folder_cache import build_once
 from sglang_dflash.testing.tiny_drafter import make_tiny_drafter, steer_target
 from sglang_dflash.testing.tiny_models import tiny_model_cache
 
-ROOT = os.environ.get("SGLANG_DFLASH_TEST_CACHE", "/tmp/sglang_dflash_test_models")
+ROOT = env.TEST_CACHE.get()
 
 # Steering strength for a target that proposes the steer token only part of the time (so
 # acceptance lengths vary); measured per architecture on the seed-0 tiny models.
@@ -20,20 +22,15 @@ def pytest_configure(config):
 
 def _pair(kind: str, dtype: str, strength: float | None, block: int = 16, layers: int = 2) -> tuple[str, str]:
     """(target, drafter) paths. strength None -> the unmodified random target and a random drafter."""
-    name = f"pair-{kind}-{dtype}-{strength}-b{block}-l{layers}-v2"
-    d = os.path.join(ROOT, name)
-    target, drafter = os.path.join(d, "target"), os.path.join(d, "drafter")
-    if not os.path.exists(os.path.join(d, ".complete")):
-        base = str(tiny_model_cache(kind, dtype))
-        if strength is None:
-            target = base
-        else:
-            steer_target(base, target, strength)
-        make_tiny_drafter(drafter, target, block_size=block, num_layers=layers, steer=strength is not None)
-        with open(os.path.join(d, ".complete"), "w") as f:
-            f.write(target)
-    with open(os.path.join(d, ".complete")) as f:
-        return f.read().strip(), drafter
+    base = str(tiny_model_cache(kind, dtype))
+
+    def build(tmp: str) -> None:
+        target = base if strength is None else steer_target(base, os.path.join(tmp, "target"), strength)
+        make_tiny_drafter(os.path.join(tmp, "drafter"), target, block_size=block, num_layers=layers,
+                          steer=strength is not None)
+
+    d = build_once(os.path.join(ROOT, f"pair-{kind}-{dtype}-{strength}-b{block}-l{layers}-v2"), build)
+    return base if strength is None else os.path.join(d, "target"), os.path.join(d, "drafter")
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,12 @@ def main(target, drafter, out_path):
     import sglang
 
     from harness import prompts
+    from sglang_dflash.cpu_serving import engine_kwargs
 
     batch = prompts(16, seed=7, max_len=120)
     sp = {"max_new_tokens": 24, "temperature": 0}
-    common = dict(model_path=target, device="cpu", attention_backend="torch_native", dtype="float32",
-                  max_total_tokens=8192, disable_cuda_graph=True, random_seed=0, log_level="warning")
+    common = dict(model_path=target, dtype="float32", random_seed=0, log_level="warning",
+                  **engine_kwargs(max_total_tokens=8192))
     eng = sglang.Engine(**common)
     plain = eng.generate(input_ids=batch, sampling_params=sp, return_logprob=True, top_logprobs_num=2)
     eng.shutdown()

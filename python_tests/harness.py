@@ -10,15 +10,15 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import requests
 
-from sglang_dflash.launch import CPU_ENV, CPU_FLAGS
+from sglang_dflash import env as dflash_env
+from sglang_dflash.cpu_serving import CPU_ENV, server_flags
 
 PY = sys.executable
-LOG_DIR = os.environ.get("SGLANG_DFLASH_TEST_LOGS", os.path.join(tempfile.gettempdir(), "sglang_dflash_logs"))
+LOG_DIR = dflash_env.TEST_LOGS.get()
 
 
 def free_port() -> int:
@@ -47,19 +47,17 @@ class Server:
 
 
 def server_cmd(model: str, draft: str | None, dtype: str, extra: list[str]) -> list[str]:
-    flags = dict(CPU_FLAGS)
-    flags["--max-total-tokens"] = "8192"
-    args = ["--model-path", model, "--dtype", dtype, "--host", "127.0.0.1", "--disable-cuda-graph",
+    args = ["--model-path", model, "--dtype", dtype, "--host", "127.0.0.1",
             "--random-seed", "0", "--log-level", "info"]
-    for k, v in flags.items():
+    for k, v in server_flags(max_total_tokens=8192).items():
         if k not in extra:
-            args += [k, v]
+            args += [k] if v is None else [k, v]
     if draft is None:
         return [PY, "-m", "sglang.launch_server", *args, *extra]
     return [PY, "-m", "sglang_dflash.launch", *args, "--speculative-draft-model-path", draft, *extra]
 
 
-FAULT_ENV = "SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY"
+FAULT_ENV = dflash_env.DEBUG_FAIL_DRAFT_EVERY.name
 
 
 def dflash_state(srv: Server) -> dict:

@@ -1,7 +1,10 @@
 """The CUDA sources compile for sm_90 and sm_100 with nvcc (compile only: nothing CUDA runs here),
-warnings as errors; and bench/gpu_check.sh passes its CPU mode for both tiers."""
+warnings as errors (SGLANG_DFLASH_WERROR=1; off for users' installs); the CPU and CUDA ops share
+csrc/dflash_checks.h; and bench/gpu_check.sh passes its CPU mode for both tiers."""
+import ast
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,12 +31,63 @@ def test_cuda_extension_compiles_for_sm90_sm100(tmp_path):
     (tmp_path / "sglang_dflash").mkdir()
     (tmp_path / "sglang_dflash" / "__init__.py").write_text("")
     env = {**os.environ, "FORCE_CUDA": "1", "CUDA_HOME": cuda_home, "TORCH_CUDA_ARCH_LIST": "9.0;10.0",
-           "MAX_JOBS": "2"}
+           "MAX_JOBS": "2", "SGLANG_DFLASH_WERROR": "1"}
     p = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=1500)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
-    assert "sm_90" in p.stdout + p.stderr and "sm_100" in p.stdout + p.stderr
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-5000:]
+    assert "sm_90" in out and "sm_100" in out
+    assert "-Werror=all-warnings" in out and re.search(r"-Werror(\s|')", out), "built without warnings-as-errors"
     assert glob.glob(str(tmp_path / "sglang_dflash" / "_C*.so"))
+
+
+def load_compile_args():
+    """setup.py's compile_args(), without running setup() (setup.py has top-level side effects)."""
+    tree = ast.parse(open(os.path.join(ROOT, "setup.py")).read())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "compile_args")
+    ns = {"os": os}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), "setup.py", "exec"), ns)
+    return ns["compile_args"]
+
+
+def test_werror_only_when_asked():
+    compile_args = load_compile_args()
+    for env in ({}, {"SGLANG_DFLASH_WERROR": "0"}, {"SGLANG_DFLASH_WERROR": ""}):
+        flags = compile_args(env)
+        assert not any(f.startswith("-Werror") for f in flags["cxx"] + flags["nvcc"]), flags
+        assert "-Wall" in flags["cxx"]
+    flags = compile_args({"SGLANG_DFLASH_WERROR": "1"})
+    assert "-Werror" in flags["cxx"] and "-Werror=all-warnings" in flags["nvcc"]
+    make = open(os.path.join(ROOT, "Makefile")).read()
+    assert re.search(r"SGLANG_DFLASH_WERROR=1 \$\(PIP\) install [^\n]*-e \.", make), "make install must build with -Werror"
+
+
+def function_body(src, name):
+    """The text of C++ function `name`'s definition (from its name to the matching closing brace)."""
+    start = re.search(rf"\b{name}\([^;]*?\)\s*{{", src, re.S)
+    assert start, name
+    depth, i = 0, start.end() - 1
+    for j in range(i, len(src)):
+        depth += {"{": 1, "}": -1}.get(src[j], 0)
+        if depth == 0:
+            return src[start.start():j + 1]
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("source, fn, launch", [("dflash_ops.cpp", "write_draft_kv_cpu", "at::parallel_for"),
+                                                ("dflash_ops_cuda.cu", "write_draft_kv_cuda", "launch_write<")])
+def test_write_draft_kv_uses_shared_checks(source, fn, launch):
+    # The CUDA path cannot run here: check that, like the CPU one, it validates with the shared header
+    # (args, then slot/position bounds) before anything is written; the compile test builds both.
+    src = open(os.path.join(ROOT, "csrc", source)).read()
+    assert '#include "dflash_checks.h"' in src
+    body = function_body(src, fn)
+    args = body.find("checks::check_write_draft_kv_args(")
+    bounds = body.find("checks::check_write_draft_kv_bounds(")
+    assert 0 <= args < bounds < body.find(launch), body
+    assert "TORCH_CHECK(slot" not in src and "check_write_args" not in src  # no second, diverging copy
+    header = open(os.path.join(ROOT, "csrc", "dflash_checks.h")).read()
+    assert "slot " in header and "the KV pool has " in header
 
 
 @pytest.mark.server

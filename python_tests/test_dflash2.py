@@ -29,13 +29,13 @@ def test_dynamic_conv_matches_loop_reference(taps, block):
     coef = conv.coefficients(x)  # [N, 2, taps, H]
     delta = conv.kernel_projection(x).view(n, 2, taps, h // group)
     for side in (0, 1):
-        got = conv.apply(x, coef[:, side], block)
+        got = conv.convolve(x, coef[:, side], block)
         want = conv_reference(x, conv.base_kernel[side].detach(), delta[:, side].detach(), group, block)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # taps never cross a block start: the first row of each block ignores the previous block
     y = x.clone()
     y[block - 1] += 100.0
-    assert torch.equal(conv.apply(y, coef[:, 0], block)[block], conv.apply(x, coef[:, 0], block)[block])
+    assert torch.equal(conv.convolve(y, coef[:, 0], block)[block], conv.convolve(x, coef[:, 0], block)[block])
 
 
 @pytest.mark.parametrize("k,p,seed", [(2, 3, 0), (3, 4, 1), (4, 3, 2), (3, 5, 3)])

@@ -16,12 +16,13 @@ D2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selecto
 
 def dflash2_drafter(target):
     from conftest import ROOT
+    from sglang_dflash.folder_cache import build_once
     from sglang_dflash.testing.tiny_drafter import make_tiny_drafter
 
-    path = os.path.join(ROOT, "dflash2-llama-f32-mixed-v1")
-    if not os.path.exists(os.path.join(path, "model.safetensors")):
-        make_tiny_drafter(path, target, block_size=8, steer=True, dflash2=D2)
-    return path
+    def build(tmp):
+        make_tiny_drafter(tmp, target, block_size=8, steer=True, dflash2=D2)
+
+    return build_once(os.path.join(ROOT, "dflash2-llama-f32-mixed-v1"), build)
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,12 @@ import os
 import pytest
 import torch
 
-from sglang_dflash import embedded
+from sglang_dflash import embedded, env
 
 
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory):
-    os.environ.setdefault("SGLANG_DFLASH_MODEL_DIR", os.path.join(
-        os.environ.get("SGLANG_DFLASH_TEST_CACHE", "/tmp/sglang_dflash_test_models"), "smollm2-135m-instruct"))
+    os.environ.setdefault(env.MODEL_DIR.name, os.path.join(env.TEST_CACHE.get(), "smollm2-135m-instruct"))
     return embedded.derive()
 
 
@@ -52,7 +51,7 @@ def test_shipped_drafter_loads_against_the_embedded_target(smollm2):
 
     target = AutoConfig.from_pretrained(smollm2)
     cfg = load_drafter_config(shipped_drafter(), target.num_hidden_layers)
-    check_against_target(cfg, hidden_size=target.hidden_size, vocab_size=target.vocab_size, max_block_size=64)
+    check_against_target(cfg, hidden_size=target.hidden_size, vocab_size=target.vocab_size)
     model = load_drafter(shipped_drafter(), cfg, torch.bfloat16, "cpu")
     assert cfg.block_size == 16 and sum(p.numel() for p in model.parameters()) > 1e6
 

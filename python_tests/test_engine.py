@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from harness import assert_lossless
-from sglang_dflash.launch import CPU_ENV
+from sglang_dflash.cpu_serving import CPU_ENV
 
 HERE = os.path.dirname(__file__)
 

@@ -71,6 +71,41 @@ def test_write_draft_kv_empty_and_errors():
         OPS.write_draft_kv(k, v, w, cs, pos, torch.tensor([0, 10 ** 6]), kc, vc, 1e-6, True, 1.0)
 
 
+def test_write_draft_kv_bad_slot_names_slot_and_pool_size():
+    # csrc/dflash_checks.h, shared by the CPU and CUDA ops: checked before any write, never a silent
+    # out-of-bounds store; the message names the bad slot id and the KV pool's size (S = 8 * 16).
+    k, v, w, cs, pos, slots, kc, vc = make_write_case(T=2)
+    for bad in (10 ** 6, 128, -1):
+        with pytest.raises(RuntimeError, match=rf"slot {bad} out of range \[0, 128\): the KV pool has 128 slots"):
+            OPS.write_draft_kv(k, v, w, cs, pos, torch.tensor([0, bad]), kc, vc, 1e-6, True, 1.0)
+        assert (kc == 0).all() and (vc == 0).all()
+    with pytest.raises(RuntimeError, match=r"position 4096 out of range \[0, 4096\): cos_sin_cache has 4096 rows"):
+        OPS.write_draft_kv(k, v, w, cs, torch.tensor([4096, 0]), slots, kc, vc, 1e-6, True, 1.0)
+    with pytest.raises(RuntimeError, match="k and v dtypes differ"):
+        OPS.write_draft_kv(k, v.float(), w, cs, pos, slots, kc, vc, 1e-6, True, 1.0)
+    with pytest.raises(RuntimeError, match="k_cache and v_cache dtypes differ"):
+        OPS.write_draft_kv(k, v, w, cs, pos, slots, kc, vc.float(), 1e-6, True, 1.0)
+    assert (kc == 0).all() and (vc == 0).all()
+
+
+def test_write_draft_kv_reference_checks_slots_alike():
+    k, v, w, cs, pos, slots, kc, vc = make_write_case(T=2)
+    with pytest.raises(RuntimeError, match=r"slot -1 out of range \[0, 128\): the KV pool has 128 slots"):
+        write_draft_kv_ref(k, v, w, cs, pos, torch.tensor([0, -1]), kc, vc, 1e-6, True)
+    assert (kc == 0).all()
+
+
+def test_write_draft_kv_strided_slots_and_positions():
+    # A strided view of slots/positions must be read by index, not as raw memory.
+    k, v, w, cs, pos, slots, kc, vc = make_write_case(T=5)
+    wide_slots = torch.stack([slots, torch.full_like(slots, 10 ** 6)], dim=1)  # [T, 2]; column 0 is a view
+    wide_pos = torch.stack([pos, torch.full_like(pos, 10 ** 6)], dim=1)
+    kr, vr = kc.clone(), vc.clone()
+    OPS.write_draft_kv(k, v, w, cs, wide_pos[:, 0], wide_slots[:, 0], kc, vc, 1e-6, True, 1.0)
+    OPS.write_draft_kv(k, v, w, cs, pos, slots, kr, vr, 1e-6, True, 1.0)
+    assert torch.equal(kc, kr) and torch.equal(vc, vr)
+
+
 def test_write_draft_kv_opcheck():
     args = make_write_case(T=3)
     torch.library.opcheck(OPS.write_draft_kv, (*args, 1e-6, True, 1.0))

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from sglang_dflash.launch import CPU_ENV
+from sglang_dflash.cpu_serving import CPU_ENV
 
 JOBS = [{"id": "raw-1", "prompt": "The water of"}, {"id": "raw-2", "prompt": "a man"},
         {"id": "chat-1", "messages": [{"role": "user", "content": "call people"}]},

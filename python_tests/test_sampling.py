@@ -23,7 +23,8 @@ from scipy.stats import chisquare
 from sglang_oracle import batch_tensors, request_params, sglang_probs
 
 from sglang_dflash.accept import accept_block, stop_table
-from sglang_dflash.verify import target_tokens
+from sglang_dflash.draft import Proposal
+from sglang_dflash.verify import SamplingRows, target_tokens
 
 V, N, B = 32, 20000, 4
 
@@ -46,12 +47,13 @@ def emit_two(rule, temp, top_p, top_k, min_p, seed=0):
                          torch.zeros(N, dtype=torch.long)], 1)
     logits = torch.stack([L0.expand(N, V), L1[d1], L1[0].expand(N, V), L1[0].expand(N, V)], 1).reshape(N * B, V)
     params = [torch.full((N,), x) for x in (temp, top_p)] + [torch.full((N,), top_k), torch.full((N,), min_p)]
-    t = target_tokens(logits, B, params[0], params[1], params[2], params[3])
-    acc, bonus, commit, _, out = accept_block(draft, t, torch.zeros(N, dtype=torch.long),
-                                              torch.full((N,), 100), stop_table([set()] * N, "cpu"))
+    t = target_tokens(logits, B, SamplingRows(*params))
+    res = accept_block(draft, t, torch.zeros(N, dtype=torch.long), torch.full((N,), 100),
+                       stop_table([set()] * N, "cpu"))
+    commit, out = res.commit_lens, res.out_tokens
     first = out[:, 0]
     # rejected at d1: the second token comes from the next block, anchored at `first`
-    nxt = target_tokens(L1[first], 1, *params).squeeze(1)
+    nxt = target_tokens(L1[first], 1, SamplingRows(*params)).squeeze(1)
     if rule == "ours":
         second = torch.where(commit >= 2, out[:, 1], nxt)
     elif rule == "emit_draft":  # broken: trust the draft token itself
@@ -97,13 +99,13 @@ def test_seeded_rows_are_reproducible_and_greedy_rows_exact():
     logits = torch.randn(3 * B, V)
     temps, ones = torch.tensor([1.0, 1.0, 0.0]), torch.ones(3)
     ks, mins = torch.tensor([-1, -1, 1]), torch.zeros(3)
-    a = target_tokens(logits, B, temps, ones, ks, mins, seeds=[7, None, None], offsets=[5, 0, 0])
-    b = target_tokens(logits, B, temps, ones, ks, mins, seeds=[7, 8, None], offsets=[5, 0, 0])
+    a = target_tokens(logits, B, SamplingRows(temps, ones, ks, mins, seeds=[7, None, None], offsets=[5, 0, 0]))
+    b = target_tokens(logits, B, SamplingRows(temps, ones, ks, mins, seeds=[7, 8, None], offsets=[5, 0, 0]))
     assert torch.equal(a[0], b[0])
     assert torch.equal(a[2], logits.view(3, B, V)[2].argmax(-1))
     # the same (seed, position) draws the same token whatever block row it lands in
-    c = target_tokens(logits[1:2].repeat(B, 1), 1, temps[:1].repeat(B), torch.ones(B), ks[:1].repeat(B),
-                      mins[:1].repeat(B), seeds=[7] * B, offsets=[6] * B)
+    c = target_tokens(logits[1:2].repeat(B, 1), 1, SamplingRows(temps[:1].repeat(B), torch.ones(B), ks[:1].repeat(B),
+                                                             mins[:1].repeat(B), seeds=[7] * B, offsets=[6] * B))
     assert len(set(c.view(-1).tolist())) == 1
 
 
@@ -140,7 +142,7 @@ def emit_two_with_q(rule, temp, top_p, top_k, min_p):
     draft, cand, q = selector_draft(N, temp, L0)
     logits = torch.stack([L0.expand(N, V), L1[draft[:, 1]], L1[draft[:, 2]], L1[draft[:, 3]]], 1).reshape(N * B, V)
     params = [torch.full((N,), x) for x in (temp, top_p)] + [torch.full((N,), top_k), torch.full((N,), min_p)]
-    t = target_tokens(logits, B, *params, draft=draft, cand_ids=cand, q=q)
+    t = target_tokens(logits, B, SamplingRows(*params), Proposal(draft, cand, q))
     if rule != "ours":  # deliberately broken rules, built from the same pieces
         probs = filtered_probs(logits, temp, top_p, top_k, min_p).view(N, B, V)
         fresh = race(probs.reshape(-1, V), exponential(N, B, V, None, None, 0, "cpu")).view(N, B)
@@ -151,10 +153,11 @@ def emit_two_with_q(rule, temp, top_p, top_k, min_p):
         elif rule == "ignore_q":  # accept with probability p(x), as if q were a point mass
             keep = torch.rand(N, B - 1) < p_x
             t = torch.cat([torch.where(keep, x, fresh[:, :-1]), t[:, -1:]], 1)
-    acc, bonus, commit, _, out = accept_block(draft, t, torch.zeros(N, dtype=torch.long),
-                                              torch.full((N,), 100), stop_table([set()] * N, "cpu"))
+    res = accept_block(draft, t, torch.zeros(N, dtype=torch.long), torch.full((N,), 100),
+                       stop_table([set()] * N, "cpu"))
+    commit, out = res.commit_lens, res.out_tokens
     first = out[:, 0]
-    nxt = target_tokens(L1[first], 1, *params).squeeze(1)
+    nxt = target_tokens(L1[first], 1, SamplingRows(*params)).squeeze(1)
     second = torch.where(commit >= 2, out[:, 1], nxt)
     return first, second, p0, commit
 
@@ -200,7 +203,7 @@ def ours_vs_sglang(monkeypatch, logits, params):
     seen, real, rows = [], verify.race, sampling_rows(batch)
     with monkeypatch.context() as m:
         m.setattr(verify, "race", lambda w, noise: seen.append(w.clone()) or real(w, noise))
-        tokens = verify.target_tokens(logits, 1, *(rows.args() if rows is not None else ())).view(-1)
+        tokens = verify.target_tokens(logits, 1, rows).view(-1)
     ours = torch.nn.functional.one_hot(tokens, V).float()
     if seen:
         sampled = rows.temperatures > 0
@@ -253,8 +256,8 @@ def test_cpu_server_samples_with_the_pytorch_backend():
 
     code = ("from sglang_dflash.cpu_shims import install_cpu_shims; install_cpu_shims()\n"
             "from sglang.srt.server_args import ServerArgs\n"
-            f"a = ServerArgs(model_path={str(tiny_model_cache('llama', 'float32'))!r}, device='cpu', "
-            "attention_backend='torch_native')\n"
+            "from sglang_dflash.cpu_serving import engine_kwargs\n"
+            f"a = ServerArgs(model_path={str(tiny_model_cache('llama', 'float32'))!r}, **engine_kwargs())\n"
             "a.resolve_once(); print('SAMPLING_BACKEND', a.resolved_dict()['sampling_backend'])\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert "SAMPLING_BACKEND pytorch" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]

@@ -11,9 +11,10 @@ from sglang_dflash.config import (DrafterConfigError, check_against_target, defa
                                   hf_hidden_state_index, parse_drafter_config)
 from sglang_dflash.draft import draft_block
 from sglang_dflash.draft_kv import DraftKVCache
-from sglang_dflash.model.drafter import DFlashDrafter, apply_rope, rope_cos_sin
-from sglang_dflash.projection import committed_rows, write_context
-from sglang_dflash.verify import target_tokens
+from sglang_dflash.model.drafter import DFlashDrafter
+from sglang_dflash.projection import write_context
+from sglang_dflash.testing.dense_drafter import dense_reference
+from sglang_dflash.verify import SamplingRows, target_tokens
 
 
 def cfg_dict(**kw):
@@ -44,13 +45,11 @@ def test_bad_config_names_field(change, field):
 
 def test_config_against_target():
     cfg = parse_drafter_config(cfg_dict(), 4)
-    check_against_target(cfg, hidden_size=32, vocab_size=50, max_block_size=16)
+    check_against_target(cfg, hidden_size=32, vocab_size=50)
     with pytest.raises(DrafterConfigError, match="hidden_size"):
-        check_against_target(cfg, hidden_size=64, vocab_size=50, max_block_size=16)
+        check_against_target(cfg, hidden_size=64, vocab_size=50)
     with pytest.raises(DrafterConfigError, match="vocab_size"):
-        check_against_target(cfg, hidden_size=32, vocab_size=51, max_block_size=16)
-    with pytest.raises(DrafterConfigError, match="block_size"):
-        check_against_target(cfg, hidden_size=32, vocab_size=50, max_block_size=2)
+        check_against_target(cfg, hidden_size=32, vocab_size=51)
     old = parse_drafter_config(cfg_dict(dflash_config={"target_layer_ids": [1]}, mask_token="<m>"), 4)
     assert old.mask_token == "<m>" and old.mask_token_id is None
 
@@ -67,45 +66,24 @@ def test_accept_longest_prefix_plus_bonus():
     draft = torch.tensor([[5, 1, 2, 3], [5, 9, 2, 3], [5, 1, 2, 3]])
     target = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 7, 4]])
     big, none = torch.full((3,), 100), stop_table([set(), set(), set()], "cpu")
-    acc, bonus, commit, seq, out = accept_block(draft, target, torch.zeros(3, dtype=torch.long), big, none)
-    assert acc.tolist() == [3, 0, 2] and commit.tolist() == [4, 1, 3] and bonus.tolist() == [4, 1, 7]
+    res = accept_block(draft, target, torch.zeros(3, dtype=torch.long), big, none)
+    assert res.accept_lens.tolist() == [3, 0, 2] and res.commit_lens.tolist() == [4, 1, 3]
+    assert res.bonus.tolist() == [4, 1, 7] and res.new_seq_lens.tolist() == [4, 1, 3]
     assert stop_table([{3, 1}, set()], "cpu").tolist() == [[1, 3], [-1, -1]]
-    assert committed_rows(commit, 4).tolist() == [0, 1, 2, 3, 4, 8, 9, 10]
+    assert res.committed_rows().tolist() == [0, 1, 2, 3, 4, 8, 9, 10]
 
 
 def test_verify_greedy_and_filters():
     logits = torch.randn(2 * 3, 10)
     assert torch.equal(target_tokens(logits, 3), logits.argmax(-1).view(2, 3))
     # top_k=1 rows stay greedy even when sampling is requested
-    t = target_tokens(logits, 3, torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0]),
-                      torch.tensor([1, 1]), torch.tensor([0.0, 0.0]))
+    t = target_tokens(logits, 3, SamplingRows(torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0]),
+                                              torch.tensor([1, 1]), torch.tensor([0.0, 0.0])))
     assert torch.equal(t, logits.argmax(-1).view(2, 3))
     # top_p tiny -> the argmax only
-    t = target_tokens(logits, 3, torch.tensor([2.0, 2.0]), torch.tensor([1e-6, 1e-6]),
-                      torch.tensor([-1, -1]), torch.tensor([0.0, 0.0]))
+    t = target_tokens(logits, 3, SamplingRows(torch.tensor([2.0, 2.0]), torch.tensor([1e-6, 1e-6]),
+                                              torch.tensor([-1, -1]), torch.tensor([0.0, 0.0])))
     assert torch.equal(t, logits.argmax(-1).view(2, 3))
-
-
-def dense_reference(model, feats, ctx_pos, x, blk_pos):
-    """z-lab-style dense math for ONE request: K/V = cat(context, block), non-causal."""
-    cfg = model.cfg
-    ctx = model.hidden_norm(model.fc(feats))
-    cc, cs = rope_cos_sin(ctx_pos, cfg.head_dim, cfg.rope_theta)
-    bc, bs_ = rope_cos_sin(blk_pos, cfg.head_dim, cfg.rope_theta)
-    for layer in model.layers:
-        a = layer.self_attn
-        h = layer.input_layernorm(x)
-        q = apply_rope(a.q_norm(a.q_proj(h).view(-1, cfg.num_heads, cfg.head_dim)), bc, bs_)
-        k = torch.cat([apply_rope(a.k_norm(a.k_proj(ctx).view(-1, cfg.num_kv_heads, cfg.head_dim)), cc, cs),
-                       apply_rope(a.k_norm(a.k_proj(h).view(-1, cfg.num_kv_heads, cfg.head_dim)), bc, bs_)])
-        v = torch.cat([a.v_proj(ctx), a.v_proj(h)]).view(-1, cfg.num_kv_heads, cfg.head_dim)
-        rep = cfg.num_heads // cfg.num_kv_heads
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        att = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) / cfg.head_dim ** 0.5, -1)
-        o = torch.einsum("hqk,khd->qhd", att, v).reshape(x.shape[0], -1)
-        x = x + a.o_proj(o)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return model.norm(x)
 
 
 def test_paged_draft_matches_dense_reference():
@@ -179,3 +157,14 @@ def test_cpu_binding_for_tp_ranks():
     from sglang_dflash.launch import cpu_binding
 
     assert cpu_binding(2, 2) == "0|1" and cpu_binding(2, 4) == "0-1|2-3" and cpu_binding(1, 2) == "0-1"
+
+
+def test_stage_clock_reports_each_stage_in_order():
+    from sglang_dflash.metrics import StageClock
+
+    clock = StageClock("cpu")
+    for stage in ("draft", "verify", "kv_write"):
+        sum(range(20000))
+        clock.mark(stage)
+    secs = clock.seconds()
+    assert list(secs) == ["draft", "verify", "kv_write"] and all(v > 0 for v in secs.values())

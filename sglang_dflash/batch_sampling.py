@@ -5,26 +5,13 @@ stay in verify.py, penalties.py and accept.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from sglang_dflash.accept import stop_table
 from sglang_dflash.penalties import ORDER, PenaltyRows
-
-
-@dataclass
-class SamplingRows:
-    temperatures: torch.Tensor  # [bs] float32; 0 for greedy rows (incl. top_k == 1)
-    top_ps: torch.Tensor  # [bs]
-    top_ks: torch.Tensor  # [bs]
-    min_ps: torch.Tensor  # [bs]
-    seeds: list  # [bs] int or None
-    offsets: list  # [bs] output position of block row 0
-
-    def args(self):
-        return (self.temperatures, self.top_ps, self.top_ks, self.min_ps, self.seeds, self.offsets)
+from sglang_dflash.verify import SamplingRows
 
 
 def sampling_rows(batch) -> Optional[SamplingRows]:

@@ -48,11 +48,9 @@ class DrafterConfig:
     mask_token_id: Optional[int]
     mask_token: Optional[str]
     target_layer_ids: list[int]
-    num_target_layers: Optional[int]
-    sliding_window: Optional[int] = None
-    layer_types: list[str] = field(default_factory=list)
+    # [num_layers]: layer i's sliding window W (its queries at p see context keys in (p - W, p]), None: full
+    layer_windows: list[Optional[int]] = field(default_factory=list)
     dflash2: Optional["DFlash2Config"] = None
-    raw: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_context_layers(self) -> int:
@@ -104,6 +102,39 @@ def parse_dflash2(cfg: dict, hidden: int) -> Optional[DFlash2Config]:
     return DFlash2Config(**d, output_multiplier=float(mult), final_logit_softcapping=cap and float(cap))
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def parse_layer_windows(cfg: dict, num_layers: int) -> list[Optional[int]]:
+    """Per-layer sliding window from `layer_types` + `sliding_window` (None: full attention).
+
+    HF Qwen3 config semantics: `use_sliding_window: false` switches every window off (HF nulls the
+    window). Absent counts as on: HF writes the flag into every config it saves, so a config without
+    it was written by hand and its sliding layers are meant. Without `layer_types`, HF's rule: the
+    layers from `max_window_layers` (28) on slide when use_sliding_window is true.
+    """
+    enabled = cfg.get("use_sliding_window") is not False
+    window = cfg.get("sliding_window")
+    types = cfg.get("layer_types")
+    if types is None:  # derived as HF does
+        on = cfg.get("use_sliding_window") is True and window is not None
+        slide_from = cfg.get("max_window_layers", 28) if on else num_layers
+        types = ["sliding_attention" if i >= slide_from else "full_attention" for i in range(num_layers)]
+    if not isinstance(types, list) or len(types) != num_layers or not all(t in LAYER_TYPES for t in types):
+        raise DrafterConfigError(f"drafter config layer_types must name one of {LAYER_TYPES} for each of the "
+                                 f"{num_layers} layers, got {types!r}")
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    if not enabled or not sliding:
+        return [None] * num_layers
+    if window is None:
+        raise DrafterConfigError(f"drafter config layer_types marks layers {sliding} 'sliding_attention' but "
+                                 "'sliding_window' is not set; set sliding_window to the window the drafter "
+                                 "was trained with")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise DrafterConfigError(f"drafter config 'sliding_window' must be an int >= 1, got {window!r}")
+    return [window if t == "sliding_attention" else None for t in types]
+
+
 def _get(cfg: dict, key: str, default: Any = None) -> Any:
     dflash = cfg.get("dflash_config") or {}
     return dflash.get(key, cfg.get(key, default))
@@ -125,6 +156,27 @@ def read_block_size(path: str) -> int:
     if not isinstance(block, int) or block < 2:
         raise DrafterConfigError(f"drafter config 'block_size' must be an int >= 2, got {block!r} "
                                  f"(in {path}/config.json)")
+    return block
+
+
+MAX_BLOCK_SIZE = 64  # the largest block B a server runs (B draft rows per request and step)
+BLOCK_FLAGS = "--speculative-dflash-block-size (or --speculative-num-draft-tokens)"
+
+
+def resolve_block_size(flag_value: Optional[int], drafter: "str | DrafterConfig") -> int:
+    """The block size a server runs: the flag when given, else the drafter's trained block_size.
+
+    drafter: the checkpoint folder or its parsed config. Raises naming the flag or the field.
+    """
+    if flag_value is not None:
+        block = int(flag_value)
+        if not 2 <= block <= MAX_BLOCK_SIZE:
+            raise ValueError(f"{BLOCK_FLAGS} = {block} must be in [2, {MAX_BLOCK_SIZE}]")
+        return block
+    block = drafter.block_size if isinstance(drafter, DrafterConfig) else read_block_size(drafter)
+    if block > MAX_BLOCK_SIZE:
+        raise DrafterConfigError(f"drafter config block_size={block} is larger than a server runs "
+                                 f"({MAX_BLOCK_SIZE}); pass {BLOCK_FLAGS} N, 2 <= N <= {MAX_BLOCK_SIZE}")
     return block
 
 
@@ -156,7 +208,6 @@ def parse_drafter_config(cfg: dict, target_num_layers: int) -> DrafterConfig:
     if mask_token_id is None and mask_token is None:
         raise DrafterConfigError("drafter config has no mask token: set dflash_config.mask_token_id "
                                  "(or the older 'mask_token' string)")
-    num_target_layers = _get(cfg, "num_target_layers")
     ids = _get(cfg, "target_layer_ids")
     if ids is None:
         ids = default_target_layer_ids(target_num_layers, num_layers)
@@ -170,7 +221,8 @@ def parse_drafter_config(cfg: dict, target_num_layers: int) -> DrafterConfig:
             raise DrafterConfigError(
                 f"dflash_config.target_layer_ids has {i}, out of range for a target with "
                 f"{target_num_layers} layers (valid: 0..{target_num_layers - 1})")
-    rope_scaling = cfg.get("rope_scaling") or {}
+    # transformers 5 writes rope_parameters (z-lab's newer drafters too); older configs rope_scaling
+    rope_scaling = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     rope_theta = cfg.get("rope_theta", rope_scaling.get("rope_theta", 10000.0))
     if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type", "default")) != "default":
         raise DrafterConfigError(f"drafter config rope_scaling {rope_scaling!r} is not supported; "
@@ -181,12 +233,10 @@ def parse_drafter_config(cfg: dict, target_num_layers: int) -> DrafterConfig:
         vocab_size=_need_int(cfg, "vocab_size"), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=float(rope_theta), block_size=block_size,
         mask_token_id=mask_token_id, mask_token=mask_token, target_layer_ids=list(ids),
-        num_target_layers=num_target_layers, sliding_window=cfg.get("sliding_window"),
-        layer_types=list(cfg.get("layer_types") or []), dflash2=parse_dflash2(cfg, hidden), raw=cfg)
+        layer_windows=parse_layer_windows(cfg, num_layers), dflash2=parse_dflash2(cfg, hidden))
 
 
-def check_against_target(cfg: DrafterConfig, *, hidden_size: int, vocab_size: int,
-                         max_block_size: int) -> None:
+def check_against_target(cfg: DrafterConfig, *, hidden_size: int, vocab_size: int) -> None:
     """Start-up checks that need the target's shape. Raises DrafterConfigError naming the field."""
     if cfg.hidden_size != hidden_size:
         raise DrafterConfigError(
@@ -199,10 +249,6 @@ def check_against_target(cfg: DrafterConfig, *, hidden_size: int, vocab_size: in
     if cfg.vocab_size != vocab_size:
         raise DrafterConfigError(
             f"drafter vocab_size={cfg.vocab_size} differs from the target's vocab_size={vocab_size}")
-    if cfg.block_size > max_block_size:
-        raise DrafterConfigError(
-            f"drafter block_size={cfg.block_size} is larger than this server allows ({max_block_size}); "
-            "lower --speculative-dflash-block-size or raise the limit")
     if cfg.dflash2 is not None and cfg.dflash2.selector_top_k > vocab_size:
         raise DrafterConfigError(f"dflash_config.selector_top_k={cfg.dflash2.selector_top_k} exceeds the "
                                  f"target vocabulary ({vocab_size})")

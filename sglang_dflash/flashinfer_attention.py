@@ -6,9 +6,41 @@ batched across requests in one kernel per drafter layer (planned once per draft 
 """
 from __future__ import annotations
 
+from typing import Optional, Sequence
+
 import torch
 
+# device -> float workspace, shared by this module's wrappers: they run one after another on one stream.
 _WORKSPACE: dict = {}
+# (device, window_left) -> wrapper. FlashInfer fixes window_left at plan time (run asserts it is
+# unchanged), so a drafter with full and sliding layers needs one planned wrapper per window.
+_WRAPPERS: dict = {}
+
+
+def _wrapper(dev: torch.device, left: int):
+    import flashinfer
+
+    if dev not in _WORKSPACE:
+        _WORKSPACE[dev] = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=dev)
+    if (dev, left) not in _WRAPPERS:
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_WORKSPACE[dev], kv_layout="NHD")
+        _WRAPPERS[dev, left] = wrapper
+    return _WRAPPERS[dev, left]
+
+
+def window_left(window: Optional[int], block: int) -> int:
+    """A layer's sliding window W -> FlashInfer's window_left (-1: full attention).
+
+    FlashInfer keeps key k for the query at position p iff k >= p - window_left (p = kv_len - qo_len
+    + query row, the query's absolute position here), so W - 1 keeps the keys in (p - W, p]: the
+    convention in attention.window_mask. It applies to block keys too, so the whole block stays
+    visible only when W >= B; the worker runs torch attention otherwise.
+    """
+    if window is None:
+        return -1
+    if block > window:
+        raise ValueError(f"FlashInfer block attention needs sliding_window={window} >= block size {block}")
+    return window - 1
 
 
 def paged_kv_layout(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, kv_lens: torch.Tensor):
@@ -24,22 +56,23 @@ def paged_kv_layout(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, 
 class FlashInferBlockAttention:
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
                  req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, block_slots: torch.Tensor,
-                 block: int, num_heads: int, scale: float):
-        """k_cache, v_cache [L, S, Hkv, D]; prefix_lens [bs]; block_slots [bs*B]."""
-        import flashinfer
-
+                 block: int, num_heads: int, scale: float, windows: Sequence[Optional[int]] = ()):
+        """k_cache, v_cache [L, S, Hkv, D]; prefix_lens [bs]; block_slots [bs*B];
+        windows[layer]: that layer's sliding window (None or absent: full attention)."""
         dev = k_cache.device
-        if dev not in _WORKSPACE:
-            buf = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=dev)
-            _WORKSPACE[dev] = flashinfer.BatchPrefillWithPagedKVCacheWrapper(buf, kv_layout="NHD")
-        self.wrapper = _WORKSPACE[dev]
         bs = prefix_lens.numel()
         kv_indptr, kv_indices = paged_kv_layout(req_to_token, req_pool_indices, prefix_lens + block)
         qo_indptr = torch.arange(0, (bs + 1) * block, block, dtype=torch.int32, device=dev)
         last_page_len = torch.ones(bs, dtype=torch.int32, device=dev)
-        self.wrapper.plan(qo_indptr, kv_indptr, kv_indices, last_page_len, num_heads, k_cache.shape[2],
-                          k_cache.shape[3], 1, causal=False, sm_scale=scale, q_data_type=k_cache.dtype,
-                          kv_data_type=k_cache.dtype)
+        windows = list(windows) + [None] * (k_cache.shape[0] - len(windows))  # absent: full attention
+        lefts = [window_left(w, block) for w in windows]
+        planned = {}
+        for left in sorted(set(lefts)):  # one plan per distinct window, shared by its layers
+            planned[left] = _wrapper(dev, left)
+            planned[left].plan(qo_indptr, kv_indptr, kv_indices, last_page_len, num_heads, k_cache.shape[2],
+                               k_cache.shape[3], 1, causal=False, sm_scale=scale, window_left=left,
+                               q_data_type=k_cache.dtype, kv_data_type=k_cache.dtype)
+        self.wrappers = [planned[left] for left in lefts]  # [L]
         self.k, self.v, self.block_slots = k_cache, v_cache, block_slots
 
     def __call__(self, layer: int, q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor) -> torch.Tensor:
@@ -47,4 +80,4 @@ class FlashInferBlockAttention:
         kc, vc = self.k[layer], self.v[layer]
         kc.index_copy_(0, self.block_slots, k_blk.to(kc.dtype))
         vc.index_copy_(0, self.block_slots, v_blk.to(vc.dtype))
-        return self.wrapper.run(q.to(kc.dtype), (kc.unsqueeze(1), vc.unsqueeze(1))).to(q.dtype)
+        return self.wrappers[layer].run(q.to(kc.dtype), (kc.unsqueeze(1), vc.unsqueeze(1))).to(q.dtype)

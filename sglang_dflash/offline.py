@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
+
+from sglang_dflash.resumable_jsonl import append_rows, done_ids
 
 
 def parse_args(argv=None):
@@ -59,29 +60,6 @@ def read_jobs(path: str, done: set):
                 yield job, None, job
 
 
-def drop_torn_tail(path: str) -> None:
-    """An interrupted run may leave a half-written last line: cut the file back to its last newline."""
-    if not os.path.exists(path):
-        return
-    with open(path, "rb+") as f:
-        data = f.read()
-        if data and not data.endswith(b"\n"):
-            f.truncate(data.rfind(b"\n") + 1)
-
-
-def done_ids(path: str) -> set:
-    ids = set()
-    drop_torn_tail(path)
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    ids.add(json.loads(line)["id"])
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    pass  # not a result line: its job is simply redone
-    return ids
-
-
 def engine_kwargs(a) -> dict:
     import torch
 
@@ -92,11 +70,10 @@ def engine_kwargs(a) -> dict:
         if a.block_size:
             kw["speculative_num_draft_tokens"] = a.block_size
     if device == "cpu":
-        from sglang_dflash.launch import CPU_ENV
+        from sglang_dflash.cpu_serving import engine_kwargs as cpu_kwargs, set_cpu_env
 
-        for k, v in CPU_ENV.items():
-            os.environ.setdefault(k, v)
-        kw.update(attention_backend="torch_native", max_total_tokens=16384, disable_cuda_graph=True)
+        set_cpu_env()
+        kw.update(cpu_kwargs())
     return kw
 
 
@@ -110,7 +87,7 @@ def main(argv=None):
     import sglang
     from transformers import AutoTokenizer
 
-    done = done_ids(a.output)
+    done = done_ids(a.output)  # a torn last line is dropped: its job is redone
     jobs = list(read_jobs(a.input, done))
     base = {"max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_p": a.top_p,
             "top_k": a.top_k, **({"sampling_seed": a.seed} if a.seed is not None else {})}
@@ -119,10 +96,9 @@ def main(argv=None):
     stats = {"requests": 0, "errors": 0, "tokens": 0, "verify": 0, "skipped": len(done)}
     t0 = time.time()
     bar = tqdm(total=len(jobs), unit="req", desc="dflash")
-    with open(a.output, "a") as out:
+    with append_rows(a.output) as write:
         def emit(rec):
-            out.write(json.dumps(rec) + "\n")
-            out.flush()
+            write(rec)
             stats["requests"] += 1
             stats["errors"] += "error" in rec
             bar.update(1)

@@ -9,18 +9,14 @@ Registers, lazily and idempotently:
 - CPU tensor parallelism (gloo groups without NCCL); a 400 for empty or out-of-vocabulary prompts.
 """
 import logging
-import os
+
+from sglang_dflash import env
 
 logger = logging.getLogger("sglang_dflash")
 
-IMPL_ENV = "SGLANG_DFLASH_IMPL"
-
 
 def use_ours() -> bool:
-    impl = os.environ.get(IMPL_ENV, "ours").strip().lower()
-    if impl not in ("ours", "builtin"):
-        raise ValueError(f"{IMPL_ENV}={impl!r}: expected 'ours' (default) or 'builtin'")
-    return impl == "ours"
+    return env.IMPL.get() == "ours"
 
 
 def _create_worker(original, self, server_args):
@@ -37,18 +33,17 @@ def _handle_dflash(original, server_args):
         return original(server_args)
     from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
 
-    from sglang_dflash.config import read_block_size
+    from sglang_dflash.config import resolve_block_size
 
     cfg = resolving_view(server_args)
     if cfg.pp_size != 1:
         raise ValueError("DFLASH (sglang_dflash) supports --pp-size 1 only")
     if cfg.speculative_draft_model_path is None:
         raise ValueError("DFLASH needs --speculative-draft-model-path (a DFlash drafter checkpoint)")
-    block = cfg.speculative_dflash_block_size or cfg.speculative_num_draft_tokens
-    if block is None:
-        block = read_block_size(cfg.speculative_draft_model_path)
+    flag = cfg.speculative_dflash_block_size or cfg.speculative_num_draft_tokens
+    block = resolve_block_size(flag, cfg.speculative_draft_model_path)
     decisions = dict(speculative_num_steps=1, speculative_eagle_topk=1,
-                     speculative_num_draft_tokens=int(block),
+                     speculative_num_draft_tokens=block,
                      # Our worker runs each step synchronously: no overlapped scheduling.
                      disable_overlap_schedule=True)
     if cfg.max_running_requests is None:

@@ -19,9 +19,3 @@ def write_context(drafter: DFlashDrafter, cache: DraftKVCache, features: torch.T
     ops().write_draft_kv(k, v, drafter._k_norm_weight, table, positions.to(torch.int64),
                          slots.to(torch.int64), cache.k, cache.v, drafter.cfg.rms_norm_eps, True, 1.0)
 
-
-def committed_rows(commit_lens: torch.Tensor, block: int) -> torch.Tensor:
-    """commit_lens [bs] -> flat row indices [sum(commit_lens)] into a [bs*B] verify block."""
-    cols = torch.arange(block, device=commit_lens.device)
-    keep = cols[None, :] < commit_lens[:, None]
-    return keep.reshape(-1).nonzero().squeeze(1)

@@ -14,29 +14,43 @@ Penalties are applied to the logits before this stage (penalties.py).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from sglang_dflash.draft import Proposal
 
 # Noise streams for seeded requests (keyed by (seed, output position, stream)).
 TARGET, ACCEPT, RESIDUAL, WALK = 0, 1, 2, 3
 
 
-def target_tokens(logits: torch.Tensor, block: int, temperatures: Optional[torch.Tensor] = None,
-                  top_ps: Optional[torch.Tensor] = None, top_ks: Optional[torch.Tensor] = None,
-                  min_ps: Optional[torch.Tensor] = None, seeds: Optional[list] = None,
-                  offsets: Optional[list] = None, draft: Optional[torch.Tensor] = None,
-                  cand_ids: Optional[torch.Tensor] = None, q: Optional[torch.Tensor] = None):
-    """logits [bs*B, V]; per-request params [bs] (None = all greedy) -> tokens [bs, B] int64.
+@dataclass
+class SamplingRows:
+    """Per-request sampling parameters of a batch (filled from SGLang's batch by batch_sampling)."""
 
-    seeds[i] (int or None) makes request i reproducible: the noise at output position
-    offsets[i] + j depends only on (seed, position), not on batching or acceptance history.
-    draft [bs, B], cand_ids / q [bs, B-1, K]: a draft with its own distribution (rejection rule)."""
+    temperatures: torch.Tensor  # [bs] float32; 0 for greedy rows (incl. top_k == 1)
+    top_ps: Optional[torch.Tensor] = None  # [bs]
+    top_ks: Optional[torch.Tensor] = None  # [bs] (-1 or >= vocab: off)
+    min_ps: Optional[torch.Tensor] = None  # [bs]
+    seeds: Optional[list] = None  # [bs] int or None: seeded rows draw keyed noise
+    offsets: Optional[list] = None  # [bs] output position of block row 0
+
+
+def target_tokens(logits: torch.Tensor, block: int, sampling: Optional[SamplingRows] = None,
+                  proposal: Optional[Proposal] = None) -> torch.Tensor:
+    """logits [bs*B, V] -> the target's token after every block position [bs, B] int64.
+
+    sampling None: every row greedy. sampling.seeds[i] makes request i reproducible: the noise at
+    output position offsets[i] + j depends only on (seed, position), not on batching or acceptance
+    history. A proposal with q (DFlash 2 sampled paths) is verified by rejection against q."""
     bs = logits.shape[0] // block
     greedy = logits.argmax(dim=-1).view(bs, block)
-    if temperatures is None:
+    if sampling is None:
         return greedy
-    temps = temperatures.reshape(-1).float()
+    temps = sampling.temperatures.reshape(-1).float()
+    top_ks, top_ps, min_ps = sampling.top_ks, sampling.top_ps, sampling.min_ps
+    seeds, offsets = sampling.seeds, sampling.offsets
     top_ks_ = top_ks.reshape(-1) if top_ks is not None else torch.full_like(temps, -1, dtype=torch.int64)
     is_greedy = (top_ks_ == 1) | (temps <= 0)
     if bool(is_greedy.all()):
@@ -49,8 +63,9 @@ def target_tokens(logits: torch.Tensor, block: int, temperatures: Optional[torch
     # seeded rows bring their own noise.
     sampled = race(probs, exponential(bs, block, probs.shape[1], seeds, offsets, TARGET, probs.device))
     sampled = sampled.view(bs, block)
-    if q is not None:
-        sampled = _rejection(probs.view(bs, block, -1), sampled, draft, cand_ids, q, seeds, offsets)
+    if proposal is not None and proposal.q is not None:
+        sampled = _rejection(probs.view(bs, block, -1), sampled, proposal.tokens, proposal.cand_ids, proposal.q,
+                             seeds, offsets)
     return torch.where(is_greedy[:, None], greedy, sampled)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 import torch
 
@@ -27,23 +26,23 @@ from sglang_dflash.accept import accept_block
 from sglang_dflash.attention import TorchBlockAttention
 from sglang_dflash.batch_sampling import limits, penalty_rows, sampling_rows
 from sglang_dflash.block import block_slots, build_block
-from sglang_dflash.config import check_against_target, load_drafter_config
+from sglang_dflash.config import check_against_target, load_drafter_config, resolve_block_size
 from sglang_dflash.draft import Proposal, propose
 from sglang_dflash.draft_kv import DraftKVCache
-from sglang_dflash import metrics as dflash_metrics
+from sglang_dflash import env, metrics as dflash_metrics
+from sglang_dflash.metrics import StageClock
 from sglang_dflash.model.loader import load_drafter
-from sglang_dflash.projection import committed_rows, write_context
+from sglang_dflash.projection import write_context
 from sglang_dflash.startup import resolve_mask_token_id
 from sglang_dflash.penalties import apply_penalties
 from sglang_dflash.verify import WALK, exponential, target_tokens
 
 logger = logging.getLogger("sglang_dflash")
 
-MAX_BLOCK_SIZE = 64
 # Debug switches (tests): save every request's drafter context K/V rows after prefill; make every
 # Nth draft step raise (fault injection).
-DEBUG_DUMP_DIR = os.environ.get("SGLANG_DFLASH_DEBUG_DUMP_DIR")
-DEBUG_FAIL_DRAFT_EVERY = int(os.environ.get("SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY", "0"))
+DEBUG_DUMP_DIR = env.DEBUG_DUMP_DIR.get()
+DEBUG_FAIL_DRAFT_EVERY = env.DEBUG_FAIL_DRAFT_EVERY.get()
 
 
 class DFlashWorker(BaseSpecWorker):
@@ -59,11 +58,8 @@ class DFlashWorker(BaseSpecWorker):
         path = get_spec().speculative_draft_model_path
         self.cfg = load_drafter_config(path, int(text_cfg.num_hidden_layers))
         self.vocab_size = int(runner.model_config.vocab_size)
-        check_against_target(self.cfg, hidden_size=int(text_cfg.hidden_size), vocab_size=self.vocab_size,
-                             max_block_size=MAX_BLOCK_SIZE)
-        self.block_size = int(get_spec().speculative_num_draft_tokens or self.cfg.block_size)
-        if not 2 <= self.block_size <= MAX_BLOCK_SIZE:
-            raise ValueError(f"--speculative-dflash-block-size={self.block_size} must be in [2, {MAX_BLOCK_SIZE}]")
+        check_against_target(self.cfg, hidden_size=int(text_cfg.hidden_size), vocab_size=self.vocab_size)
+        self.block_size = resolve_block_size(get_spec().speculative_num_draft_tokens, self.cfg)
         self.mask_token_id = resolve_mask_token_id(self.cfg, server_args.tokenizer_path or server_args.model_path,
                                                    self.vocab_size)
         self._check_capture_layers(runner.model)
@@ -145,8 +141,8 @@ class DFlashWorker(BaseSpecWorker):
             self._pre_sample_logits = args[0].next_token_logits.clone()
 
     def _prefill(self, batch, on_publish):
-        rows = sampling_rows(batch)
-        seeded = rows is not None and any(s is not None for s in rows.seeds)
+        sampling = sampling_rows(batch)
+        seeded = sampling is not None and any(s is not None for s in sampling.seeds)
         self._keep_logits = seeded
         try:
             out = self._target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
@@ -154,7 +150,7 @@ class DFlashWorker(BaseSpecWorker):
             self._keep_logits = False
         out.new_seq_lens = batch.seq_lens
         if seeded:
-            self._reseed_first_tokens(batch, rows, out)
+            self._reseed_first_tokens(batch, sampling, out)
         if on_publish is not None:
             on_publish(out.new_seq_lens)
         features = out.logits_output.hidden_states
@@ -170,7 +166,7 @@ class DFlashWorker(BaseSpecWorker):
         out.next_draft_input = make_draft_input_v2(bonus_tokens=out.next_token_ids, new_seq_lens=batch.seq_lens)
         return out
 
-    def _safe_draft(self, batch, prefix, slots, block_ids, positions, rows) -> Proposal:
+    def _safe_draft(self, batch, prefix, slots, block_ids, positions, sampling) -> Proposal:
         """Draft the block; if the drafter fails, verify the bare block [anchor, MASK...] instead:
         this batch decodes one token per request (output stays exact) and the server keeps going."""
         self.draft_steps += 1
@@ -180,10 +176,10 @@ class DFlashWorker(BaseSpecWorker):
             attend = self._block_attention(batch, prefix, slots.reshape(-1))
             temps = gumbel = None
             sel = self.drafter.selector
-            if rows is not None and sel is not None:  # DFlash 2 sampled paths: noise keyed like verify's
+            if sampling is not None and sel is not None:  # DFlash 2 sampled paths: noise keyed like verify's
                 bs, k = block_ids.shape[0], min(sel.top_k, self.vocab_size)
-                temps = rows.temperatures
-                gumbel = -torch.log(exponential(bs, self.block_size - 1, k, rows.seeds, rows.offsets, WALK,
+                temps = sampling.temperatures
+                gumbel = -torch.log(exponential(bs, self.block_size - 1, k, sampling.seeds, sampling.offsets, WALK,
                                                 block_ids.device))
             return propose(self.drafter, attend, self.model_runner.model.model.embed_tokens,
                            self._lm_head_logits, block_ids, positions, temps, gumbel)
@@ -197,18 +193,18 @@ class DFlashWorker(BaseSpecWorker):
             return Proposal(block_ids)
 
     def _block_attention(self, batch, prefix, block_slots):
-        """The non-causal block attention for this step: FlashInfer on CUDA, torch elsewhere."""
+        """Non-causal block attention: FlashInfer on CUDA unless a window < B (see window_left), else torch."""
         c, B = self.cfg, self.block_size
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         scale = c.head_dim ** -0.5
-        if self.device_type == "cuda":
+        if self.device_type == "cuda" and all(w is None or w >= B for w in c.layer_windows):
             from sglang_dflash.flashinfer_attention import FlashInferBlockAttention
 
-            return FlashInferBlockAttention(self.draft_kv.k, self.draft_kv.v, req_to_token,
-                                            batch.req_pool_indices, prefix, block_slots, B, c.num_heads, scale)
+            return FlashInferBlockAttention(self.draft_kv.k, self.draft_kv.v, req_to_token, batch.req_pool_indices,
+                                            prefix, block_slots, B, c.num_heads, scale, c.layer_windows)
         kv_slots = [req_to_token[r, : p + B].to(torch.int64)
                     for r, p in zip(batch.req_pool_indices.tolist(), prefix.tolist())]
-        return TorchBlockAttention(self.draft_kv.k, self.draft_kv.v, kv_slots, block_slots, scale)
+        return TorchBlockAttention(self.draft_kv.k, self.draft_kv.v, kv_slots, block_slots, scale, c.layer_windows)
 
     def _lm_head_logits(self, hidden):
         """hidden [N, H] -> [N, vocab] with the target's (vocab-parallel) LM head."""
@@ -218,19 +214,19 @@ class DFlashWorker(BaseSpecWorker):
             logits = tensor_model_parallel_all_gather(logits.contiguous(), dim=-1)
         return logits[:, : self.vocab_size]
 
-    def _reseed_first_tokens(self, batch, rows, out):
+    def _reseed_first_tokens(self, batch, sampling, out):
         """Seeded requests: draw the prefill's token with the same (seed, position) rule as verify,
         from the target's logits before SGLang's sampler turned them into probabilities."""
         logits, self._pre_sample_logits = self._pre_sample_logits, None
         if logits is None:
             raise RuntimeError("DFLASH prefill: the target's sampler did not run on a seeded batch")
-        tokens = target_tokens(logits, 1, *rows.args()).view(-1).to(out.next_token_ids.dtype)
-        seeded = torch.tensor([s is not None for s in rows.seeds], device=tokens.device)
+        tokens = target_tokens(logits, 1, sampling).view(-1).to(out.next_token_ids.dtype)
+        seeded = torch.tensor([s is not None for s in sampling.seeds], device=tokens.device)
         out.next_token_ids = torch.where(seeded, tokens, out.next_token_ids)
         lo = out.logits_output
         if batch.return_logprob and lo.next_token_logprobs is not None:  # the logprob of OUR token
-            temps = rows.temperatures.clamp_min(1e-6)[:, None].to(logits.device)
-            greedy = (rows.temperatures <= 0)[:, None].to(logits.device)
+            temps = sampling.temperatures.clamp_min(1e-6)[:, None].to(logits.device)
+            greedy = (sampling.temperatures <= 0)[:, None].to(logits.device)
             logp = torch.log_softmax(torch.where(greedy, logits.float(), logits.float() / temps), dim=-1)
             mine = logp.gather(1, tokens.long()[:, None]).squeeze(1).to(lo.next_token_logprobs.dtype)
             lo.next_token_logprobs = torch.where(seeded, mine, lo.next_token_logprobs)
@@ -245,59 +241,60 @@ class DFlashWorker(BaseSpecWorker):
 
     def _decode(self, batch, on_publish):
         B = self.block_size
-        req_to_token = self.model_runner.req_to_token_pool.req_to_token
-        prefix = batch.seq_lens
-        bonus = batch.spec_info.bonus_tokens
-        block_ids, positions = build_block(bonus, prefix, B, self.mask_token_id)
-        slots = block_slots(req_to_token, batch.req_pool_indices, prefix, B)  # [bs, B]
+        prefix = batch.seq_lens  # [bs]
+        block_ids, positions = build_block(batch.spec_info.bonus_tokens, prefix, B, self.mask_token_id)  # [bs, B]
+        slots = block_slots(self.model_runner.req_to_token_pool.req_to_token, batch.req_pool_indices,
+                            prefix, B)  # [bs, B] KV slot ids of the block (target and drafter share them)
+        sampling = sampling_rows(batch)
+        clock = StageClock(self.device_type)
 
-        t0 = time.perf_counter()
-        rows = sampling_rows(batch)
-        proposal = self._safe_draft(batch, prefix, slots, block_ids, positions, rows)
-        draft = proposal.tokens
-        t1 = time.perf_counter()
+        # 1) draft: one non-causal drafter forward proposes the whole block
+        proposal = self._safe_draft(batch, prefix, slots, block_ids, positions, sampling)
+        clock.mark("draft")
 
+        # 2) verify: the target runs the block as a causal chain; accept while drafts match its tokens
+        logits_output = self._verify_forward(batch, proposal.tokens, positions, slots)
+        logits = logits_output.next_token_logits  # [bs*B, V]
+        penalties = penalty_rows(batch, self.vocab_size, self.device)
+        if penalties is not None:  # in place, as plain decoding does (logprobs see them too)
+            logits.copy_(apply_penalties(logits, proposal.tokens, penalties).to(logits.dtype))
+        tokens = target_tokens(logits, B, sampling, proposal)  # [bs, B]
+        acc = accept_block(proposal.tokens, tokens, prefix, *limits(batch, self.device))
+        new_seq_lens = acc.new_seq_lens.to(prefix.dtype)
+        if batch.return_logprob:  # SGLang's own spec-logprob gather over the chain layout
+            compute_spec_logprobs(batch, logits_output, acc.out_tokens.clamp(min=0).reshape(-1), chain_stride=B)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        clock.mark("verify")
+
+        # 3) commit: only the committed rows' context K/V stay; later writes overwrite the rest
+        rows = acc.committed_rows()
+        write_context(self.drafter, self.draft_kv, logits_output.hidden_states[rows], positions.reshape(-1)[rows],
+                      slots.reshape(-1)[rows])
+        logits_output.hidden_states = None
+        clock.mark("kv_write")
+
+        if self.metrics is not None:
+            self.metrics.record(acc.commit_lens.tolist(), clock.seconds())
+        nxt = make_draft_input_v2(bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens)
+        return GenerationBatchResult(logits_output=logits_output, next_token_ids=acc.out_tokens.reshape(-1),
+                                     accept_lens=acc.commit_lens.to(torch.int32), can_run_cuda_graph=False,
+                                     next_draft_input=nxt, speculative_num_draft_tokens=B,
+                                     new_seq_lens=new_seq_lens)
+
+    def _verify_forward(self, batch, draft, positions, slots):
+        """draft, positions, slots [bs, B] -> the target's logits output over the chain (features kept)."""
+        B = self.block_size
         verify_input = DFlashVerifyInput(draft_token=draft.reshape(-1), positions=positions.reshape(-1),
                                          draft_token_num=B, custom_mask=None,
                                          capture_hidden_mode=CaptureHiddenMode.FULL)
         batch.out_cache_loc = slots.reshape(-1)
+        # Verify host bound = committed prefix + one verify block; restored right after the plan
         saved = (batch.seq_lens_cpu, batch.seq_lens_sum)
         if batch.seq_lens_cpu is not None:
             batch.seq_lens_cpu = batch.seq_lens_cpu + B
             batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
         fb, _ = verify_input.prepare_for_verify(batch, self._target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = saved
-        target_out = self._target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
-        logits_output = target_out.logits_output
-        penalties = penalty_rows(batch, self.vocab_size, self.device)
-        if penalties is not None:  # in place, as plain decoding does (logprobs see them too)
-            logits = logits_output.next_token_logits
-            logits.copy_(apply_penalties(logits, draft, penalties).to(logits.dtype))
-        if rows is None:
-            tokens = target_tokens(logits_output.next_token_logits, B)
-        else:
-            tokens = target_tokens(logits_output.next_token_logits, B, *rows.args(), draft=draft,
-                                   cand_ids=proposal.cand_ids, q=proposal.q)
-        budget, stops = limits(batch, self.device)
-        _, new_bonus, commit, new_seq_lens, out_tokens = accept_block(draft, tokens, prefix, budget, stops)
-        new_seq_lens = new_seq_lens.to(prefix.dtype)
-        if batch.return_logprob:  # SGLang's own spec-logprob gather over the chain layout
-            compute_spec_logprobs(batch, logits_output, out_tokens.clamp(min=0).reshape(-1), chain_stride=B)
-        if on_publish is not None:
-            on_publish(new_seq_lens)
-        t2 = time.perf_counter()
-
-        rows = committed_rows(commit, B)
-        features = logits_output.hidden_states
-        write_context(self.drafter, self.draft_kv, features[rows], positions.reshape(-1)[rows],
-                      slots.reshape(-1)[rows])
-        logits_output.hidden_states = None
-        t3 = time.perf_counter()
-        step = {"draft": t1 - t0, "verify": t2 - t1, "kv_write": t3 - t2}
-        if self.metrics is not None:
-            self.metrics.record(commit.tolist(), step)
-        nxt = make_draft_input_v2(bonus_tokens=new_bonus, new_seq_lens=new_seq_lens)
-        return GenerationBatchResult(logits_output=logits_output, next_token_ids=out_tokens.reshape(-1),
-                                     accept_lens=commit.to(torch.int32), can_run_cuda_graph=False,
-                                     next_draft_input=nxt, speculative_num_draft_tokens=B,
-                                     new_seq_lens=new_seq_lens)
+        return self._target_worker.forward_batch_generation(batch=None, forward_batch=fb,
+                                                            is_verify=True).logits_output

@@ -6,10 +6,10 @@ after `load()`; the worker calls them on every device.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
+from sglang_dflash import env
 from sglang_dflash.kernels import reference
 
 logger = logging.getLogger("sglang_dflash")
@@ -53,8 +53,8 @@ def load() -> str:
     if _state["loaded"]:
         return _state["backend"]
     try:
-        if os.environ.get("SGLANG_DFLASH_REFERENCE_OPS") == "1":
-            raise ImportError("SGLANG_DFLASH_REFERENCE_OPS=1")
+        if env.REFERENCE_OPS.get():
+            raise ImportError(f"{env.REFERENCE_OPS.name}=1")
         import importlib.util
 
         spec = importlib.util.find_spec("sglang_dflash._C")

@@ -36,6 +36,15 @@ def write_draft_kv_ref(k: torch.Tensor, v: torch.Tensor, k_norm_weight: torch.Te
     fp8 caches store value / kv_scale."""
     if slots.numel() == 0:
         return
+    # Same bounds and messages as csrc/dflash_checks.h (torch indexing would wrap a negative slot).
+    S, P = k_cache.shape[1], cos_sin_cache.shape[0]
+    s_lo, s_hi, p_lo, p_hi = torch.stack([slots.min(), slots.max(), positions.min(), positions.max()]).tolist()
+    if s_lo < 0 or s_hi >= S:
+        raise RuntimeError(f"write_draft_kv: slot {s_lo if s_lo < 0 else s_hi} out of range [0, {S}): "
+                           f"the KV pool has {S} slots")
+    if p_lo < 0 or p_hi >= P:
+        raise RuntimeError(f"write_draft_kv: position {p_lo if p_lo < 0 else p_hi} out of range [0, {P}): "
+                           f"cos_sin_cache has {P} rows")
     kf = k.float()
     kf = kf * torch.rsqrt(kf.pow(2).mean(-1, keepdim=True) + eps) * k_norm_weight.float()[:, None, None, :]
     cs = cos_sin_cache[positions].float()

@@ -12,8 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from sglang_dflash.config import DrafterConfig
-from sglang_dflash.kernels.reference import rope_cos_sin_cache
 from sglang_dflash.model.dynamic_conv import FINISH, PREPARE, DynamicConv
+from sglang_dflash.model.rope import apply_rope, rope_cos_sin, rope_table
 from sglang_dflash.model.selector import CandidateSelector
 
 
@@ -28,27 +28,6 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight.float() * x32).to(dtype)
-
-
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float):
-    """positions [T] -> cos, sin [T, head_dim] (neox layout: two halves), from the kernels' table."""
-    table = rope_cos_sin_cache(int(positions.max()) + 1 if positions.numel() else 1, head_dim, theta,
-                               positions.device)
-    return _split(table[positions])
-
-
-def _split(cs: torch.Tensor):
-    """[T, D] table rows (cos half | sin half) -> cos, sin [T, D] duplicated over both halves."""
-    c, s = cs.chunk(2, dim=-1)
-    return torch.cat([c, c], dim=-1), torch.cat([s, s], dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, head_dim]; cos/sin [T, head_dim] -> rotated x (neox style)."""
-    half = x.shape[-1] // 2
-    x32 = x.float()
-    rot = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
-    return (x32 * cos[:, None, :] + rot * sin[:, None, :]).to(x.dtype)
 
 
 class DrafterAttention(nn.Module):
@@ -117,7 +96,7 @@ class DrafterLayer(nn.Module):
         if block is None:
             raise ValueError("a DFlash 2 drafter needs the block size to run its convolutions")
         coef = conv.coefficients(h)  # [N, 2, taps, H]
-        return conv.apply(fn(conv.apply(h, coef[:, PREPARE], block)), coef[:, FINISH], block)
+        return conv.convolve(fn(conv.convolve(h, coef[:, PREPARE], block)), coef[:, FINISH], block)
 
 
 class DFlashDrafter(nn.Module):
@@ -165,12 +144,8 @@ class DFlashDrafter(nn.Module):
         return kv[0], kv[1]
 
     def rope_table(self, max_pos: int, device) -> torch.Tensor:
-        """[P >= max_pos, head_dim] float32 cos|sin table, grown on demand."""
-        t = getattr(self, "_rope", None)
-        if t is None or t.shape[0] < max_pos or t.device != torch.device(device):
-            size = max(max_pos, 2 * (t.shape[0] if t is not None else 2048))
-            self._rope = rope_cos_sin_cache(size, self.cfg.head_dim, self.cfg.rope_theta, device)
-        return self._rope
+        """[P >= max_pos, head_dim] float32 cos|sin table: the shared one in rope.py (for the fused write)."""
+        return rope_table(max_pos, self.cfg.head_dim, self.cfg.rope_theta, device)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attend, block: int | None = None) -> torch.Tensor:
         """x [N, H] embedded block rows (consecutive blocks of `block`), positions [N] -> normed hidden [N, H].

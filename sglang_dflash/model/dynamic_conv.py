@@ -34,7 +34,8 @@ class DynamicConv(nn.Module):
         delta = delta.repeat_interleave(self.group, dim=-1)
         return self.base_kernel.to(x.dtype)[None] + delta
 
-    def apply(self, x: torch.Tensor, coef: torch.Tensor, block: int) -> torch.Tensor:
+    # Not named `apply`: that would shadow nn.Module.apply, so `drafter.apply(init_fn)` would break.
+    def convolve(self, x: torch.Tensor, coef: torch.Tensor, block: int) -> torch.Tensor:
         """x [N, H] rows laid out as consecutive blocks of `block`; coef [N, taps, H] -> [N, H]."""
         n = x.shape[0]
         pos_in_block = torch.arange(n, device=x.device) % block

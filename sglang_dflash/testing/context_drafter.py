@@ -6,7 +6,7 @@ with its decoder layers scaled down (LAYER_SCALE): its greedy text then falls in
 whose tokens depend on the prompt, and a drafter that copies from its context (learned with
 sglang_dflash/train's blocks.py forward, the one proven equal to serving per anchor) is accepted
 far more often than a random one. Training is a fixed number of steps from fixed seeds, float32,
-so the pair is reproducible; it is cached on disk like the other tiny pairs (".complete" last).
+so the pair is reproducible; it is cached on disk like the other tiny pairs (folder_cache.py).
 Measured on 2 cores: about 40-50 s to build; offline tau at block 8 on held-out prompts 2.19
 (a random drafter: 1.03). The drafts hinge on the context: another prompt's context features,
 context RoPE off by one position, or a causal block mask each change the step count of every
@@ -23,7 +23,6 @@ import json
 import os
 import random
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from sglang_dflash.folder_cache import build_once
 from sglang_dflash.testing.tiny_models import tiny_model_cache
 
 KIND, SEED = "llama", 0
@@ -40,7 +40,6 @@ TRAIN_PROMPTS, ANSWER = 160, 96  # self-distillation data: random-token prompts,
 STEPS, LR, GAMMA = 500, 3e-3, 4.0
 ANCHORS, SEQS = 8, 16  # anchors per sequence x sequences per step (as the trainer's defaults)
 VERSION = "v1"  # bump when anything above changes, so cached pairs are rebuilt
-_MARKER = ".complete"
 
 
 def random_prompts(n: int, seed: int, max_len: int = 40, vocab=(3, 380)) -> list[list[int]]:
@@ -188,23 +187,13 @@ def train_drafter(target_path: str, out: str, *, block: int = BLOCK, layers: int
 
 def make_context_pair(root: str) -> tuple[str, str]:
     """(target, drafter) paths, built once under root (also across processes) and reused."""
+    def build(tmp: str) -> dict:
+        target = make_target(str(tiny_model_cache(KIND, "float32", SEED)), os.path.join(tmp, "target"))
+        info = train_drafter(target, os.path.join(tmp, "drafter"))
+        with open(os.path.join(tmp, "train.json"), "w") as f:
+            json.dump(info, f)
+        return info
+
     d = os.path.join(str(root), f"context-{KIND}-s{SEED}-x{LAYER_SCALE}-b{BLOCK}-l{LAYERS}-{VERSION}")
-    if not os.path.exists(os.path.join(d, _MARKER)):
-        os.makedirs(str(root), exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=os.path.basename(d) + ".", dir=str(root))
-        os.chmod(tmp, 0o755)
-        try:
-            target = make_target(str(tiny_model_cache(KIND, "float32", SEED)), os.path.join(tmp, "target"))
-            info = train_drafter(target, os.path.join(tmp, "drafter"))
-            with open(os.path.join(tmp, "train.json"), "w") as f:
-                json.dump(info, f)
-            open(os.path.join(tmp, _MARKER), "w").close()
-            try:
-                os.rename(tmp, d)  # atomic; a concurrent builder that finished first wins
-            except OSError:
-                if not os.path.exists(os.path.join(d, _MARKER)):
-                    shutil.rmtree(d, ignore_errors=True)
-                    os.rename(tmp, d)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    build_once(d, build)
     return os.path.join(d, "target"), os.path.join(d, "drafter")

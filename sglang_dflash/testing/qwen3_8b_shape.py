@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from sglang_dflash.folder_cache import build_once
 from sglang_dflash.testing.tiny_drafter import make_tiny_drafter
 from sglang_dflash.testing.tiny_models import make_tokenizer
 
@@ -18,12 +19,14 @@ QWEN3_8B = {
 
 
 def dummy_pair(root: str) -> tuple[str, str]:
-    target, drafter = os.path.join(root, "target"), os.path.join(root, "drafter")
-    if not os.path.exists(os.path.join(root, ".complete")):
-        os.makedirs(target, exist_ok=True)
+    def build(tmp: str) -> None:
+        target = os.path.join(tmp, "target")
+        os.makedirs(target)
         with open(os.path.join(target, "config.json"), "w") as f:
             json.dump(QWEN3_8B, f, indent=1)
         make_tokenizer(target)
-        make_tiny_drafter(drafter, target, block_size=16, num_layers=5, target_layer_ids=[1, 9, 17, 25, 33])
-        open(os.path.join(root, ".complete"), "w").close()
-    return target, drafter
+        make_tiny_drafter(os.path.join(tmp, "drafter"), target, block_size=16, num_layers=5,
+                          target_layer_ids=[1, 9, 17, 25, 33])
+
+    build_once(root, build)
+    return os.path.join(root, "target"), os.path.join(root, "drafter")

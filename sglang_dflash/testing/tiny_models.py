@@ -7,12 +7,12 @@ scaled up so greedy decoding is not stuck on one token.
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
+
+from sglang_dflash import env
+from sglang_dflash.folder_cache import build_once
 
 BOS, EOS, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 SPECIAL_TOKENS = [PAD, BOS, EOS]  # ids 0, 1, 2
@@ -129,31 +129,12 @@ def make_tiny_qwen3(path, dtype: str = "float32", seed: int = 0) -> Path:
 
 
 _MAKERS = {"llama": make_tiny_llama, "qwen3": make_tiny_qwen3}
-_MARKER = ".complete"
 
 
 def tiny_model_cache(kind: str = "llama", dtype: str = "float32", seed: int = 0) -> Path:
-    """Path of a cached tiny checkpoint, built on first use (also across processes).
-
-    Lives under $SGLANG_DFLASH_TEST_CACHE (default /tmp/sglang_dflash_test_models);
-    a marker file is written last, so a half-written folder is rebuilt.
-    """
-    root = Path(os.environ.get("SGLANG_DFLASH_TEST_CACHE", "/tmp/sglang_dflash_test_models"))
-    target = root / f"tiny-{kind}-{dtype}-s{seed}"
-    if (target / _MARKER).exists():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=root))
-    tmp.chmod(0o755)
-    try:
+    """Path of a cached tiny checkpoint under $SGLANG_DFLASH_TEST_CACHE, built once (folder_cache)."""
+    def build(tmp: str) -> dict:
         _MAKERS[kind](tmp, dtype=dtype, seed=seed)
-        (tmp / _MARKER).write_text(json.dumps({"kind": kind, "dtype": dtype, "seed": seed}))
-        try:
-            os.rename(tmp, target)  # atomic; loses to a concurrent builder harmlessly
-        except OSError:
-            if not (target / _MARKER).exists():
-                shutil.rmtree(target, ignore_errors=True)
-                os.rename(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+        return {"kind": kind, "dtype": dtype, "seed": seed}
+
+    return Path(build_once(os.path.join(env.TEST_CACHE.get(), f"tiny-{kind}-{dtype}-s{seed}"), build))

@@ -56,7 +56,9 @@ def main(argv=None):
     a = ap.parse_args(argv)
     import torch
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    from sglang_dflash.cpu_serving import CPU_ENV
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", CPU_ENV["OMP_NUM_THREADS"])))
     if a.model is None:
         from sglang_dflash.embedded import derive
 

@@ -5,7 +5,7 @@ python -m sglang_dflash.train datagen --workdir W [--n N] [--deadline HH:MM]
 Plain decoding (no speculation), temperature 0. Writes W/data.jsonl, one line per prompt:
 {"id", "family", "split", "prompt_ids": [...], "answer_ids": [...]} (answer_ids as generated, the
 final <|im_end|> included when the model stopped). Resumable: ids already in the file are skipped.
-On CPU the Engine runs with the same recipe as sglang_dflash/offline.py.
+On CPU the Engine runs with the settings of sglang_dflash/cpu_serving.py.
 """
 from __future__ import annotations
 
@@ -14,24 +14,8 @@ import os
 import sys
 import time
 
+from sglang_dflash.resumable_jsonl import append_rows, done_ids
 from sglang_dflash.train.prompts import generate
-
-
-def done_ids(path: str) -> set:
-    if not os.path.exists(path):
-        return set()
-    with open(path, "rb+") as f:  # drop a torn last line left by an interrupted run
-        data = f.read()
-        if data and not data.endswith(b"\n"):
-            f.truncate(data.rfind(b"\n") + 1)
-    ids = set()
-    with open(path) as f:
-        for line in f:
-            try:
-                ids.add(json.loads(line)["id"])
-            except (json.JSONDecodeError, KeyError):
-                pass
-    return ids
 
 
 def make_engine(model: str, dtype: str, max_total_tokens: int):
@@ -44,12 +28,10 @@ def make_engine(model: str, dtype: str, max_total_tokens: int):
 
     kw = dict(model_path=model, dtype=dtype, log_level="warning", random_seed=0)
     if not torch.cuda.is_available():
-        from sglang_dflash.launch import CPU_ENV
+        from sglang_dflash.cpu_serving import engine_kwargs, set_cpu_env
 
-        for k, v in CPU_ENV.items():
-            os.environ.setdefault(k, v)
-        kw.update(device="cpu", attention_backend="torch_native", max_total_tokens=max_total_tokens,
-                  disable_cuda_graph=True)
+        set_cpu_env()
+        kw.update(engine_kwargs(max_total_tokens=max_total_tokens))
     return sglang.Engine(**kw)
 
 
@@ -71,7 +53,7 @@ def run(workdir: str, model: str, n: int, seed: int = 0, batch_size: int = 64, m
     sp = {"max_new_tokens": max_new_tokens, "temperature": 0}
     t0 = time.time()
     bar = tqdm(total=len(todo), unit="seq", desc="datagen", mininterval=5)
-    with open(out_path, "a") as out:
+    with append_rows(out_path) as write:
         for i in range(0, len(todo), batch_size):
             if deadline and time.time() > deadline:
                 print(f"datagen: deadline reached after {stats['written']} sequences", file=sys.stderr)
@@ -85,9 +67,8 @@ def run(workdir: str, model: str, n: int, seed: int = 0, batch_size: int = 64, m
                 rec = {"id": p["id"], "family": p["family"], "split": p["split"], "prompt_ids": pid,
                        "answer_ids": list(o["output_ids"]),
                        "finish": (o["meta_info"].get("finish_reason") or {}).get("type")}
-                out.write(json.dumps(rec) + "\n")
+                write(rec)
                 stats["tokens"] += len(rec["answer_ids"])
-            out.flush()
             stats["written"] += len(chunk)
             el = time.time() - t0
             bar.update(len(chunk))

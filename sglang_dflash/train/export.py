@@ -35,7 +35,7 @@ def load_exported(out: str, model: str, dtype=torch.bfloat16):
     with open(os.path.join(model, "config.json")) as f:
         t = json.load(f)
     cfg = load_drafter_config(out, t["num_hidden_layers"])
-    check_against_target(cfg, hidden_size=t["hidden_size"], vocab_size=t["vocab_size"], max_block_size=64)
+    check_against_target(cfg, hidden_size=t["hidden_size"], vocab_size=t["vocab_size"])
     mask = resolve_mask_token_id(cfg, model, t["vocab_size"])
     return load_drafter(out, cfg, dtype, "cpu"), cfg, mask
 

@@ -18,6 +18,7 @@ import time
 import torch
 
 from sglang_dflash.config import default_target_layer_ids, hf_hidden_state_index
+from sglang_dflash.resumable_jsonl import read_rows
 
 
 def load_target(model: str, dtype=torch.bfloat16, keep_layers: int | None = None):
@@ -54,17 +55,8 @@ def done_ids(fdir: str) -> set:
 
 
 def read_new(path: str, done: set) -> list[dict]:
-    out = []
-    if not os.path.exists(path):
-        return out
-    with open(path) as f:
-        for line in f:
-            if not line.endswith("\n"):
-                break  # a line datagen is still writing
-            rec = json.loads(line)
-            if rec["id"] not in done and rec["answer_ids"]:
-                out.append(rec)
-    return out
+    """datagen's complete rows not yet featurized (datagen may still be appending to the file)."""
+    return [rec for rec in read_rows(path) if rec["id"] not in done and rec["answer_ids"]]
 
 
 def write_shard(fdir: str, recs: list[dict], feats: list[torch.Tensor]) -> str:

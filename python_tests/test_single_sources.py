@@ -1,0 +1,191 @@
+"""One source of truth per fact: the block-size policy, resumable JSONL, build-once folders, the
+environment variables (checked against the README table) and the CPU serving settings."""
+import glob
+import json
+import os
+import re
+
+import pytest
+
+from sglang_dflash import env
+from sglang_dflash.config import MAX_BLOCK_SIZE, DrafterConfigError, parse_drafter_config, resolve_block_size
+from sglang_dflash.folder_cache import MARKER, build_once
+from sglang_dflash.resumable_jsonl import append_rows, done_ids, read_rows
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sources(*patterns):
+    """(relative path, text) of the repo's own files matching the glob patterns."""
+    for pattern in patterns:
+        for path in sorted(glob.glob(os.path.join(ROOT, pattern), recursive=True)):
+            with open(path) as f:
+                yield os.path.relpath(path, ROOT), f.read()
+
+
+PY_SOURCES = ("sglang_dflash/**/*.py", "python_tests/*.py", "bench/*.py")
+
+
+# ---- block size ------------------------------------------------------------------------------
+def drafter_dir(tmp_path, block):
+    d = tmp_path / f"drafter-b{block}"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"dflash_config": {"block_size": block}}))
+    return str(d)
+
+
+def test_block_size_flag_wins_over_the_drafter_config(tmp_path):
+    assert resolve_block_size(8, drafter_dir(tmp_path, 16)) == 8
+    assert resolve_block_size(MAX_BLOCK_SIZE, drafter_dir(tmp_path, 4)) == MAX_BLOCK_SIZE
+
+
+def test_block_size_falls_back_to_the_drafter_config(tmp_path):
+    assert resolve_block_size(None, drafter_dir(tmp_path, 16)) == 16
+    cfg = parse_drafter_config({"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                "intermediate_size": 64, "vocab_size": 50, "block_size": 12,
+                                "dflash_config": {"mask_token_id": 49, "target_layer_ids": [1]}}, 4)
+    assert resolve_block_size(None, cfg) == 12
+
+
+@pytest.mark.parametrize("flag", [1, -3, MAX_BLOCK_SIZE + 1])
+def test_block_size_out_of_bounds_names_the_flag(tmp_path, flag):
+    with pytest.raises(ValueError, match=r"--speculative-dflash-block-size.*must be in \[2, 64\]"):
+        resolve_block_size(flag, drafter_dir(tmp_path, 16))
+
+
+def test_block_size_too_large_in_the_config_names_field_and_flag(tmp_path):
+    big = drafter_dir(tmp_path, 128)
+    with pytest.raises(DrafterConfigError, match=r"block_size=128.*--speculative-dflash-block-size"):
+        resolve_block_size(None, big)
+    assert resolve_block_size(16, big) == 16  # the flag fixes it
+
+
+def test_block_size_policy_lives_in_config_only():
+    defs = [p for p, text in sources(*PY_SOURCES) if re.search(r"^MAX_BLOCK_SIZE\s*=", text, re.M)]
+    assert defs == ["sglang_dflash/config.py"]
+    for user in ("sglang_dflash/plugin.py", "sglang_dflash/worker.py"):
+        assert "resolve_block_size(" in dict(sources(user))[user], user
+
+
+# ---- resumable JSONL -------------------------------------------------------------------------
+def test_torn_last_line_is_dropped_and_resume_skips_done_ids(tmp_path):
+    path = str(tmp_path / "out.jsonl")
+    with open(path, "w") as f:
+        f.write('{"id": 1, "text": "a"}\nnot json\n{"id": 2, "text": "b"}\n{"id": 3, "te')
+    assert list(r["id"] for r in read_rows(path)) == [1, 2]  # reading alone never truncates
+    assert open(path).read().endswith('"te')
+    done = done_ids(path)
+    assert done == {1, 2} and open(path).read().endswith('"b"}\n')  # torn tail cut back
+    with append_rows(path) as write:
+        for i in [i for i in range(1, 6) if i not in done]:
+            write({"id": i, "text": str(i)})
+    assert [r["id"] for r in read_rows(path)] == [1, 2, 3, 4, 5]
+    assert done_ids(path) == {1, 2, 3, 4, 5}
+
+
+def test_resumable_jsonl_missing_file_and_odd_rows(tmp_path):
+    path = str(tmp_path / "none.jsonl")
+    assert done_ids(path) == set() and list(read_rows(path)) == []
+    with open(path, "w") as f:
+        f.write('[1, 2]\n{"no_id": 1}\n{"id": [1]}\n{"id": "x"}\n')
+    assert done_ids(path) == {"x"}  # not a row, no id, unhashable id: redone
+
+
+# ---- build-once folders ----------------------------------------------------------------------
+def test_failing_build_leaves_no_folder(tmp_path):
+    path = str(tmp_path / "cache" / "thing")
+
+    def broken(tmp):
+        open(os.path.join(tmp, "half"), "w").close()
+        raise RuntimeError("build failed")
+
+    with pytest.raises(RuntimeError, match="build failed"):
+        build_once(path, broken)
+    assert os.listdir(tmp_path / "cache") == []  # neither the folder nor its temporary sibling
+
+
+def test_second_call_does_not_rebuild(tmp_path):
+    path, calls = str(tmp_path / "thing"), []
+
+    def build(tmp):
+        calls.append(tmp)
+        with open(os.path.join(tmp, "data.txt"), "w") as f:
+            f.write("built")
+        return {"version": 1}
+
+    assert build_once(path, build) == path and build_once(path, build) == path
+    assert len(calls) == 1 and calls[0] != path
+    assert open(os.path.join(path, "data.txt")).read() == "built"
+    assert json.load(open(os.path.join(path, MARKER))) == {"version": 1}
+
+
+def test_stale_folder_without_marker_is_rebuilt(tmp_path):
+    path = tmp_path / "thing"
+    path.mkdir()
+    (path / "leftover").write_text("half-built by an older builder")
+    build_once(str(path), lambda tmp: open(os.path.join(tmp, "fresh"), "w").close())
+    assert sorted(os.listdir(path)) == sorted([MARKER, "fresh"])
+
+
+# ---- environment variables -------------------------------------------------------------------
+def readme_env_rows():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        return [line.rstrip("\n") for line in f if line.startswith("| `SGLANG_DFLASH_")]
+
+
+def test_every_env_var_is_in_the_readme_table_and_vice_versa():
+    rows = readme_env_rows()
+    in_readme = {re.match(r"\| `(SGLANG_DFLASH_\w+)`", r).group(1) for r in rows}
+    declared = {v.name for v in env.ALL}
+    assert in_readme == declared, f"README only: {in_readme - declared}; env.py only: {declared - in_readme}"
+    stale = [v.table_row() for v in env.ALL if v.table_row() not in rows]
+    hint = "README rows differ from env.py; paste `python -m sglang_dflash.env`:\n"
+    assert not stale, hint + "\n".join(stale)
+
+
+def test_every_env_var_named_in_the_code_is_declared():
+    declared = {v.name for v in env.ALL}
+    for path, text in sources(*PY_SOURCES, "setup.py", "Makefile"):
+        unknown = set(re.findall(r"SGLANG_DFLASH_[A-Z_]+", text)) - declared
+        assert not unknown, f"{path} uses {unknown}: declare them in sglang_dflash/env.py"
+
+
+def test_env_vars_are_read_only_through_env_py():
+    read = re.compile(r"""(os\.environ\.get\(|os\.getenv\(|os\.environ\[)\s*["']SGLANG_DFLASH_""")
+    readers = [p for p, text in sources(*PY_SOURCES) if read.search(text)]
+    assert readers == [], f"read these through sglang_dflash.env: {readers}"
+
+
+def test_env_var_parsing(monkeypatch):
+    monkeypatch.delenv(env.DEBUG_FAIL_DRAFT_EVERY.name, raising=False)
+    assert env.DEBUG_FAIL_DRAFT_EVERY.get() == 0 and env.DEBUG_DUMP_DIR.get() is None
+    monkeypatch.setenv(env.DEBUG_FAIL_DRAFT_EVERY.name, "3")
+    monkeypatch.setenv(env.IMPL.name, " Builtin ")
+    monkeypatch.setenv(env.REFERENCE_OPS.name, "1")
+    assert env.DEBUG_FAIL_DRAFT_EVERY.get() == 3 and env.IMPL.get() == "builtin" and env.REFERENCE_OPS.get()
+    monkeypatch.setenv(env.IMPL.name, "theirs")
+    with pytest.raises(ValueError, match="SGLANG_DFLASH_IMPL='theirs'"):
+        env.IMPL.get()
+    monkeypatch.setenv(env.DEBUG_FAIL_DRAFT_EVERY.name, "often")
+    with pytest.raises(ValueError, match="SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY"):
+        env.DEBUG_FAIL_DRAFT_EVERY.get()
+
+
+# ---- CPU serving settings --------------------------------------------------------------------
+def test_cpu_serving_settings_are_defined_once():
+    literal = re.compile(r"""["'](torch_native|SGLANG_USE_CPU_ENGINE)["']""")
+    owners = [p for p, text in sources(*PY_SOURCES) if literal.search(text)
+              and not os.path.basename(p).startswith("test_")]
+    assert owners == ["sglang_dflash/cpu_serving.py"], owners
+
+
+def test_cpu_server_flags_and_engine_kwargs_agree():
+    from sglang_dflash.cpu_serving import engine_kwargs, server_flags
+    from sglang_dflash.launch import with_defaults
+
+    assert server_flags(max_total_tokens=8192)["--max-total-tokens"] == "8192"
+    assert server_flags()["--disable-cuda-graph"] is None and engine_kwargs()["disable_cuda_graph"] is True
+    args = with_defaults(["--model-path", "m"], gpu=False)
+    for flag, value in server_flags().items():
+        i = args.index(flag)
+        assert value is None or args[i + 1] == value
