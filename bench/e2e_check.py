@@ -11,6 +11,7 @@ flushed before every throughput row, the lossless pass doubles as an identical w
 arm, tau = committed tokens / verify steps, and the report carries the commit, a dirty flag and
 each arm's server argv and environment overrides.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,10 +21,10 @@ import sys
 import time
 
 ROOT = __file__.rsplit("/bench/", 1)[0]
-sys.path[:0] = [ROOT, os.path.join(ROOT, "python_tests")]
+sys.path.insert(0, ROOT)
 
 import provenance  # noqa: E402
-from harness import generate_all, launch, prompts  # noqa: E402
+from sglang_dflash.testing.servers import generate_all, launch, prompts  # noqa: E402
 
 
 def bench(srv, batch, conc, max_new):
@@ -32,19 +33,26 @@ def bench(srv, batch, conc, max_new):
     outs = generate_all(srv, batch[:conc] * max(1, 8 // conc) if conc < 8 else batch[:conc], max_new, workers=conc)
     dt = time.perf_counter() - t
     metas = [o["meta_info"] for o in outs]
-    return {"concurrency": conc, "tok_s": sum(m["completion_tokens"] for m in metas) / dt,
-            "tau": provenance.tau(metas)}, outs
+    return {
+        "concurrency": conc,
+        "tok_s": sum(m["completion_tokens"] for m in metas) / dt,
+        "tau": provenance.tau(metas),
+    }, outs
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--no-match-sched", dest="match_sched", action="store_false",
-                    help="each arm keeps its own scheduler defaults (the report says so)")
+    ap.add_argument(
+        "--no-match-sched",
+        dest="match_sched",
+        action="store_false",
+        help="each arm keeps its own scheduler defaults (the report says so)",
+    )
     a = ap.parse_args()
     prov = provenance.stamp()
-    from conftest import MIXED, _pair
+    from sglang_dflash.testing.pairs import MIXED, pair
 
     gpu = a.device == "cuda"
     if gpu:
@@ -53,7 +61,7 @@ def main():
         target, drafter = dummy_pair(os.path.join(ROOT, "bench/results/qwen3-8b-dummy"))
         dtype, extra, concs = "bfloat16", ["--load-format", "dummy"], [1, 8, 32]
     else:
-        target, drafter = _pair("llama", "float32", MIXED["llama"])
+        target, drafter = pair("llama", "float32", MIXED["llama"])
         dtype, extra, concs = "float32", [], [1, 8]
     batch, max_new = prompts(32, seed=1, max_len=200), 64
     impls = [("none", None, {}), ("ours", drafter, {})]
@@ -64,8 +72,9 @@ def main():
         arm_extra = provenance.arm_extra(extra, a.match_sched)
         arms[name] = {"argv": provenance.server_argv(target, draft, dtype, arm_extra), "env": env}
         # SGLang's built-in worker has none of our /server_info draft counters to check at exit.
-        with launch(target, draft, dtype, extra=arm_extra, env=env, name=f"e2e-{name}",
-                    check_drafts=name != "builtin") as srv:
+        with launch(
+            target, draft, dtype, extra=arm_extra, env=env, name=f"e2e-{name}", check_drafts=name != "builtin"
+        ) as srv:
             outs = generate_all(srv, batch, max_new)
             ids = [o["output_ids"] for o in outs]
             same = None if ref is None else sum(x == y for x, y in zip(ids, ref)) / len(ids)
@@ -80,9 +89,17 @@ def main():
     # few sequences may part at near-ties (see test_lossless.py); require 3 in 4 to be identical.
     need = 1.0 if not gpu else 0.75
     ok = all(r["identical_to_plain"] is None or r["identical_to_plain"] >= need for r in rows if r["impl"] == "ours")
-    report = {"tier": "e2e", "device": a.device, "rows": rows, "ok": ok, "arms": arms,
-              "sched_matched": a.match_sched, "sched_flags": provenance.SCHED_FLAGS if a.match_sched else [],
-              "tau_def": provenance.TAU_DEF, **{k: prov[k] for k in ("commit", "dirty", "dirty_files", "time")}}
+    report = {
+        "tier": "e2e",
+        "device": a.device,
+        "rows": rows,
+        "ok": ok,
+        "arms": arms,
+        "sched_matched": a.match_sched,
+        "sched_flags": provenance.SCHED_FLAGS if a.match_sched else [],
+        "tau_def": provenance.TAU_DEF,
+        **{k: prov[k] for k in ("commit", "dirty", "dirty_files", "time")},
+    }
     with open(a.out, "w") as f:
         json.dump(report, f, indent=1)
     for r in rows:

@@ -1,6 +1,7 @@
 """CPU microbenchmark: each csrc/ op against its torch reference (5 drafter layers, 2048 tokens,
 head_dim 64 and 128), measured side by side in one run. Writes bench/results/ops_cpu.jsonl and
 prints the README table. Every row carries the commit measured and a dirty flag (bench/provenance.py)."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,10 @@ def main(out="bench/results/ops_cpu.jsonl"):
     print("| op | shape | dtype | C++ ms | torch ref ms | speedup |\n|---|---|---|---|---|---|")
     for r in rows:
         shape = f"L=5 T=2048 D={r['head_dim']}" if "head_dim" in r else f"bs={r['batch']} B={r['block']}"
-        print(f"| {r['op']} | {shape} | {r.get('dtype', 'int64').replace('torch.', '')} | {r['op_ms']:.2f} | "
-              f"{r['ref_ms']:.2f} | {r['speedup']:.1f}x |")
+        print(
+            f"| {r['op']} | {shape} | {r.get('dtype', 'int64').replace('torch.', '')} | {r['op_ms']:.2f} | "
+            f"{r['ref_ms']:.2f} | {r['speedup']:.1f}x |"
+        )
     assert all(r["ok"] for r in rows)
 
 

@@ -7,7 +7,7 @@ serve_bench, e2e_check, ops_bench), so two rows are comparable only when these f
 - server_argv(): the exact server command line of an arm, from python_tests/harness.py
   server_cmd (what harness.launch runs, minus the per-run --port).
 - SCHED_FLAGS: DFLASH forces --disable-overlap-schedule and sets --max-running-requests 48 when
-  unset (sglang_dflash/plugin.py _handle_dflash). Passed to EVERY arm by default so a speedup is
+  unset (sglang_dflash/srt/hooks.py handle_dflash). Passed to EVERY arm by default so a speedup is
   speculation alone, not a different scheduler.
 - tau(): THE definition of tau in this repo: committed tokens / verify steps, i.e.
   sum(completion_tokens) / sum(spec_verify_ct) over a row's requests (the same ratio SGLang puts
@@ -19,6 +19,7 @@ serve_bench, e2e_check, ops_bench), so two rows are comparable only when these f
   reported as mean with min/max/stdev; a speedup is paired within one repeat (the two arms ran
   minutes apart), never a ratio of two means that each hide their own noise.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,6 @@ import time
 import requests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.join(ROOT, "python_tests") not in sys.path:
-    sys.path.insert(0, os.path.join(ROOT, "python_tests"))
 
 SCHED_FLAGS = ["--disable-overlap-schedule", "--max-running-requests", "48"]
 # What the plugin does to a DFLASH arm when SCHED_FLAGS are not passed (recorded with unmatched rows).
@@ -61,8 +60,7 @@ def git_state() -> dict:
 
 def stamp() -> dict:
     """Provenance captured once, at the START of a run (before it writes any result file)."""
-    return {**git_state(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "python": sys.executable}
+    return {**git_state(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": sys.executable}
 
 
 def arm_extra(extra: list[str], match_sched: bool) -> list[str]:
@@ -71,19 +69,25 @@ def arm_extra(extra: list[str], match_sched: bool) -> list[str]:
 
 
 def server_argv(model: str, draft: str | None, dtype: str, extra: list[str]) -> list[str]:
-    from harness import server_cmd
+    from sglang_dflash.testing.servers import server_cmd
 
     return server_cmd(model, draft, dtype, list(extra))
 
 
-def row_fields(prov: dict, argv: dict[str, list[str]], config: str, match_sched: bool,
-               baseline: str = "plain") -> dict:
+def row_fields(prov: dict, argv: dict[str, list[str]], config: str, match_sched: bool, baseline: str = "plain") -> dict:
     """Provenance fields every JSONL row carries: commit, dirty flag, the row's own server argv and
     the baseline arm's (the two arms its speedup compares), and the scheduler-flag policy."""
-    out = {"commit": prov["commit"], "dirty": prov["dirty"], "dirty_files": prov["dirty_files"],
-           "time": prov["time"], "argv": argv[config], "baseline_argv": argv[baseline],
-           "sched_matched": match_sched, "sched_flags": SCHED_FLAGS if match_sched else [],
-           "tau_def": TAU_DEF}
+    out = {
+        "commit": prov["commit"],
+        "dirty": prov["dirty"],
+        "dirty_files": prov["dirty_files"],
+        "time": prov["time"],
+        "argv": argv[config],
+        "baseline_argv": argv[baseline],
+        "sched_matched": match_sched,
+        "sched_flags": SCHED_FLAGS if match_sched else [],
+        "tau_def": TAU_DEF,
+    }
     if not match_sched:
         out["sched_note"] = "DFLASH arms only: " + DFLASH_FORCES
     return out
@@ -119,8 +123,13 @@ def arm_order(arms: list, repeat: int) -> list:
 
 def spread(name: str, xs: list[float]) -> dict:
     """{name: mean, name_min, name_max, name_stdev (0 for one value), name_runs: [...]}."""
-    return {name: statistics.mean(xs), f"{name}_min": min(xs), f"{name}_max": max(xs),
-            f"{name}_stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0, f"{name}_runs": list(xs)}
+    return {
+        name: statistics.mean(xs),
+        f"{name}_min": min(xs),
+        f"{name}_max": max(xs),
+        f"{name}_stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+        f"{name}_runs": list(xs),
+    }
 
 
 def summarize(runs: list[dict], keys: tuple[str, ...], baseline: str = "plain") -> dict[tuple, dict]:
@@ -135,6 +144,11 @@ def summarize(runs: list[dict], keys: tuple[str, ...], baseline: str = "plain") 
     for gk, rs in groups.items():
         ratios = [r["tok_s"] / base[(r["repeat"], *gk[1:])] for r in rs]
         metas = [m for r in rs for m in r["metas"]]
-        out[gk] = {"repeats": len(rs), **spread("tok_s", [r["tok_s"] for r in rs]), **spread("speedup", ratios),
-                   "tau": tau(metas), "tokens": sum(m.get("completion_tokens") or 0 for m in metas)}
+        out[gk] = {
+            "repeats": len(rs),
+            **spread("tok_s", [r["tok_s"] for r in rs]),
+            **spread("speedup", ratios),
+            "tau": tau(metas),
+            "tokens": sum(m.get("completion_tokens") or 0 for m in metas),
+        }
     return out

@@ -23,6 +23,7 @@ bench/results/real_bench.jsonl and real_bench.png.
 python bench/real_bench.py [--blocks 16 8] [--concurrency 1 4 16] [--temperatures 0 1] [--dtype bfloat16]
                            [--repeats 2] [--no-match-sched]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,10 +36,10 @@ import time
 import requests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "python_tests")]
+sys.path.insert(0, ROOT)
 
 import provenance  # noqa: E402
-from harness import launch  # noqa: E402
+from sglang_dflash.testing.servers import launch  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
 
@@ -47,8 +48,14 @@ def heldout_prompts(tokenizer, n: int) -> list[list[int]]:
     from sglang_dflash.train.prompts import generate
 
     rows = [p for p in generate(3000) if p["split"] == "heldout"][:n]
-    return [list(tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True,
-                                               return_dict=True)["input_ids"]) for p in rows]
+    return [
+        list(
+            tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True, return_dict=True)[
+                "input_ids"
+            ]
+        )
+        for p in rows
+    ]
 
 
 def stream_one(url: str, ids: list[int], max_new: int, temperature: float, seed: int) -> dict:
@@ -57,8 +64,9 @@ def stream_one(url: str, ids: list[int], max_new: int, temperature: float, seed:
         sp["sampling_seed"] = seed
     t0 = time.perf_counter()
     times, meta = [], {}
-    with requests.post(url + "/generate", json={"input_ids": ids, "sampling_params": sp, "stream": True},
-                       stream=True, timeout=1800) as r:
+    with requests.post(
+        url + "/generate", json={"input_ids": ids, "sampling_params": sp, "stream": True}, stream=True, timeout=1800
+    ) as r:
         r.raise_for_status()
         seen = 0
         for line in r.iter_lines():
@@ -104,11 +112,18 @@ def run(srv, batch, conc, max_new, temp):
     after, st1 = accept_hist(srv.url)
     cum = {k: after.get(k, 0) - before.get(k, 0) for k in sorted(after)}
     metas = [o["meta"] for o in outs]
-    return {"concurrency": conc, "temperature": temp, "requests": len(outs), "metas": metas,
-            "tok_s": sum(m.get("completion_tokens", 0) for m in metas) / wall, "wall_s": wall,
-            "hist": {k: cum[k] - cum.get(k - 1, 0) for k in cum},
-            "stage_s": {k: st1[k] - st0.get(k, 0.0) for k in st1},
-            "ttft": [o["ttft"] for o in outs], "itl": [g for o in outs for g in o["itl"]]}
+    return {
+        "concurrency": conc,
+        "temperature": temp,
+        "requests": len(outs),
+        "metas": metas,
+        "tok_s": sum(m.get("completion_tokens", 0) for m in metas) / wall,
+        "wall_s": wall,
+        "hist": {k: cum[k] - cum.get(k - 1, 0) for k in cum},
+        "stage_s": {k: st1[k] - st0.get(k, 0.0) for k in st1},
+        "ttft": [o["ttft"] for o in outs],
+        "itl": [g for o in outs for g in o["itl"]],
+    }
 
 
 def warm_up(srv, batch, temps):
@@ -130,14 +145,24 @@ def collate(runs, prov, argv, match_sched, max_new):
             for k, v in r["stage_s"].items():
                 stage[k] = stage.get(k, 0.0) + v
         itl, ttft = [g for r in rs for g in r["itl"]], [x for r in rs for x in r["ttft"]]
-        rows.append({"config": cfg, "temperature": temp, "concurrency": conc, "requests": rs[0]["requests"],
-                     "max_new_tokens": max_new, **agg,
-                     "tau_hist": {str(k): int(v) for k, v in sorted(hist.items()) if v},
-                     "wall_s_runs": [round(r["wall_s"], 2) for r in rs],
-                     "stage_s": {k: round(v, 3) for k, v in stage.items()},
-                     "ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99),
-                     "itl_p50": pct(itl, 0.5), "itl_p99": pct(itl, 0.99),
-                     **provenance.row_fields(prov, argv, cfg, match_sched)})
+        rows.append(
+            {
+                "config": cfg,
+                "temperature": temp,
+                "concurrency": conc,
+                "requests": rs[0]["requests"],
+                "max_new_tokens": max_new,
+                **agg,
+                "tau_hist": {str(k): int(v) for k, v in sorted(hist.items()) if v},
+                "wall_s_runs": [round(r["wall_s"], 2) for r in rs],
+                "stage_s": {k: round(v, 3) for k, v in stage.items()},
+                "ttft_p50": pct(ttft, 0.5),
+                "ttft_p99": pct(ttft, 0.99),
+                "itl_p50": pct(itl, 0.5),
+                "itl_p99": pct(itl, 0.99),
+                **provenance.row_fields(prov, argv, cfg, match_sched),
+            }
+        )
     return rows
 
 
@@ -151,13 +176,15 @@ def plot(rows, path):
     fig, axes = plt.subplots(2, len(temps), figsize=(5 * len(temps), 7), squeeze=False)
     for col, temp in enumerate(temps):
         for cfg in sorted({r["config"] for r in rows}):
-            rs = sorted((r for r in rows if r["config"] == cfg and r["temperature"] == temp),
-                        key=lambda r: r["concurrency"])
+            rs = sorted(
+                (r for r in rows if r["config"] == cfg and r["temperature"] == temp), key=lambda r: r["concurrency"]
+            )
             xs = [r["concurrency"] for r in rs]
             line = axes[0][col].plot(xs, [r["tok_s"] for r in rs], marker="o", label=cfg)[0]
             # The band is min..max over repeats: a ratio inside overlapping bands is not a result.
-            axes[0][col].fill_between(xs, [r["tok_s_min"] for r in rs], [r["tok_s_max"] for r in rs],
-                                      color=line.get_color(), alpha=0.2)
+            axes[0][col].fill_between(
+                xs, [r["tok_s_min"] for r in rs], [r["tok_s_max"] for r in rs], color=line.get_color(), alpha=0.2
+            )
             if any(r["tau"] is not None for r in rs):  # plain has no verify steps, hence no tau
                 axes[1][col].plot(xs, [r["tau"] for r in rs], marker="o", label=cfg)
         for row, name in enumerate(["output tokens/s (min-max band)", "tau (tokens per verify)"]):
@@ -173,8 +200,7 @@ def plot(rows, path):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
     ap.add_argument("--draft")
     ap.add_argument("--dtype", default="bfloat16")
@@ -184,8 +210,12 @@ def main():
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2, help="times the whole arm sequence runs (ABBA order)")
-    ap.add_argument("--no-match-sched", dest="match_sched", action="store_false",
-                    help="do not give plain the scheduler flags DFLASH forces (rows then say so)")
+    ap.add_argument(
+        "--no-match-sched",
+        dest="match_sched",
+        action="store_false",
+        help="do not give plain the scheduler flags DFLASH forces (rows then say so)",
+    )
     ap.add_argument("--out", default=os.path.join(RESULTS, "real_bench.jsonl"))
     a = ap.parse_args()
     prov = provenance.stamp()  # before anything is written
@@ -201,7 +231,9 @@ def main():
     for block in [None, *a.blocks]:
         spec = [] if block is None else ["--speculative-num-draft-tokens", str(block)]
         arms["plain" if block is None else f"dflash-b{block}"] = (
-            None if block is None else a.draft, provenance.arm_extra(["--enable-metrics", *spec], a.match_sched))
+            None if block is None else a.draft,
+            provenance.arm_extra(["--enable-metrics", *spec], a.match_sched),
+        )
     argv = {cfg: provenance.server_argv(a.model, d, a.dtype, extra) for cfg, (d, extra) in arms.items()}
     runs = []
     for rep in range(a.repeats):
@@ -213,8 +245,10 @@ def main():
                     for c in a.concurrency:
                         n = max(c, min(len(batch), 2 * c if c > 1 else 6))
                         r = {"config": cfg, "repeat": rep, **run(srv, batch[:n], c, a.max_new_tokens, temp)}
-                        print(json.dumps({k: r[k] for k in ("config", "repeat", "temperature", "concurrency",
-                                                            "tok_s")}), flush=True)
+                        print(
+                            json.dumps({k: r[k] for k in ("config", "repeat", "temperature", "concurrency", "tok_s")}),
+                            flush=True,
+                        )
                         runs.append(r)
     rows = collate(runs, prov, argv, a.match_sched, a.max_new_tokens)
     with open(a.out, "w") as f:
@@ -223,15 +257,19 @@ def main():
     plot(rows, a.out.replace(".jsonl", ".png"))
     dirty = " (dirty tree)" if prov["dirty"] else ""
     print(f"commit {prov['commit']}{dirty}; {a.repeats} repeats; scheduler flags matched: {a.match_sched}")
-    print("| config | T | conc | tok/s (min-max) | speedup (min-max) | tau | TTFT p50/p99 s | ITL p50/p99 ms |\n"
-          "|---|---|---|---|---|---|---|---|")
+    print(
+        "| config | T | conc | tok/s (min-max) | speedup (min-max) | tau | TTFT p50/p99 s | ITL p50/p99 ms |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
     for r in rows:
         tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
-        print(f"| {r['config']} | {r['temperature']:g} | {r['concurrency']} "
-              f"| {r['tok_s']:.1f} ({r['tok_s_min']:.1f}-{r['tok_s_max']:.1f}) "
-              f"| {r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) "
-              f"| {tau} | {r['ttft_p50']:.2f} / {r['ttft_p99']:.2f} "
-              f"| {1000 * r['itl_p50']:.0f} / {1000 * r['itl_p99']:.0f} |")
+        print(
+            f"| {r['config']} | {r['temperature']:g} | {r['concurrency']} "
+            f"| {r['tok_s']:.1f} ({r['tok_s_min']:.1f}-{r['tok_s_max']:.1f}) "
+            f"| {r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) "
+            f"| {tau} | {r['ttft_p50']:.2f} / {r['ttft_p99']:.2f} "
+            f"| {1000 * r['itl_p50']:.0f} / {1000 * r['itl_p99']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

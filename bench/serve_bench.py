@@ -11,6 +11,7 @@ carries the commit, a dirty flag and both arms' server argv.
 
 python bench/serve_bench.py --model M --draft D [--blocks 16 8] [--concurrency 1 4 16] [--repeats 2]
 (no --model: the tiny steered pair `make serve` uses)."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,10 +22,10 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "python_tests")]
+sys.path.insert(0, ROOT)
 
 import provenance  # noqa: E402
-from harness import generate_all, launch, prompts  # noqa: E402
+from sglang_dflash.testing.servers import generate_all, launch, prompts  # noqa: E402
 
 
 def run_config(srv, batch, conc, max_new, temperature):
@@ -33,9 +34,13 @@ def run_config(srv, batch, conc, max_new, temperature):
     outs = generate_all(srv, batch, max_new, workers=conc, temperature=temperature)
     wall = time.perf_counter() - t
     metas = [o["meta_info"] for o in outs]
-    return {"concurrency": conc, "requests": len(outs), "metas": metas,
-            "tok_s": sum(m["completion_tokens"] for m in metas) / wall,
-            "latency": [m["e2e_latency"] for m in metas]}
+    return {
+        "concurrency": conc,
+        "requests": len(outs),
+        "metas": metas,
+        "tok_s": sum(m["completion_tokens"] for m in metas) / wall,
+        "latency": [m["e2e_latency"] for m in metas],
+    }
 
 
 def main():
@@ -49,8 +54,12 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--repeats", type=int, default=2, help="times the whole arm sequence runs (ABBA order)")
-    ap.add_argument("--no-match-sched", dest="match_sched", action="store_false",
-                    help="do not give plain the scheduler flags DFLASH forces (rows then say so)")
+    ap.add_argument(
+        "--no-match-sched",
+        dest="match_sched",
+        action="store_false",
+        help="do not give plain the scheduler flags DFLASH forces (rows then say so)",
+    )
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/serve_bench.jsonl"))
     a = ap.parse_args()
     prov = provenance.stamp()  # before anything is written
@@ -61,8 +70,10 @@ def main():
     batch = prompts(a.requests, seed=2, max_len=256)
     arms = {"plain": (None, provenance.arm_extra([], a.match_sched))}
     for block in a.blocks:
-        arms[f"dflash-b{block}"] = (a.draft, provenance.arm_extra(
-            ["--speculative-num-draft-tokens", str(block)], a.match_sched))
+        arms[f"dflash-b{block}"] = (
+            a.draft,
+            provenance.arm_extra(["--speculative-num-draft-tokens", str(block)], a.match_sched),
+        )
     argv = {cfg: provenance.server_argv(a.model, d, a.dtype, extra) for cfg, (d, extra) in arms.items()}
     runs = []
     for rep in range(a.repeats):
@@ -71,27 +82,43 @@ def main():
             with launch(a.model, draft, a.dtype, extra=extra, name=f"bench-{cfg}-r{rep}") as srv:
                 run_config(srv, batch[:2], 2, 8, a.temperature)  # warm-up, identical for every arm
                 for c in a.concurrency:
-                    runs.append({"config": cfg, "repeat": rep,
-                                 **run_config(srv, batch, c, a.max_new_tokens, a.temperature)})
+                    runs.append(
+                        {"config": cfg, "repeat": rep, **run_config(srv, batch, c, a.max_new_tokens, a.temperature)}
+                    )
     rows = []
     for (cfg, conc), agg in provenance.summarize(runs, ("concurrency",)).items():
         lat = sorted(x for r in runs if (r["config"], r["concurrency"]) == (cfg, conc) for x in r["latency"])
-        rows.append({"config": cfg, "concurrency": conc, "temperature": a.temperature, "requests": len(batch),
-                     "max_new_tokens": a.max_new_tokens, **agg,
-                     "latency_p50": statistics.median(lat), "latency_p99": lat[int(0.99 * (len(lat) - 1))],
-                     **provenance.row_fields(prov, argv, cfg, a.match_sched)})
+        rows.append(
+            {
+                "config": cfg,
+                "concurrency": conc,
+                "temperature": a.temperature,
+                "requests": len(batch),
+                "max_new_tokens": a.max_new_tokens,
+                **agg,
+                "latency_p50": statistics.median(lat),
+                "latency_p99": lat[int(0.99 * (len(lat) - 1))],
+                **provenance.row_fields(prov, argv, cfg, a.match_sched),
+            }
+        )
     with open(a.out, "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
-    print(f"commit {prov['commit']}{' (dirty tree)' if prov['dirty'] else ''}; {a.repeats} repeats; "
-          f"scheduler flags matched: {a.match_sched}")
-    print("| config | concurrency | tok/s (min-max) | speedup (min-max) | tau | p50 s | p99 s |\n"
-          "|---|---|---|---|---|---|---|")
+    print(
+        f"commit {prov['commit']}{' (dirty tree)' if prov['dirty'] else ''}; {a.repeats} repeats; "
+        f"scheduler flags matched: {a.match_sched}"
+    )
+    print(
+        "| config | concurrency | tok/s (min-max) | speedup (min-max) | tau | p50 s | p99 s |\n"
+        "|---|---|---|---|---|---|---|"
+    )
     for r in rows:
         tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
-        print(f"| {r['config']} | {r['concurrency']} | {r['tok_s']:.1f} ({r['tok_s_min']:.1f}-{r['tok_s_max']:.1f}) "
-              f"| {r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) | {tau} "
-              f"| {r['latency_p50']:.3f} | {r['latency_p99']:.3f} |")
+        print(
+            f"| {r['config']} | {r['concurrency']} | {r['tok_s']:.1f} ({r['tok_s_min']:.1f}-{r['tok_s_max']:.1f}) "
+            f"| {r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) | {tau} "
+            f"| {r['latency_p50']:.3f} | {r['latency_p99']:.3f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ Every request ends as exactly one of completed / aborted / disconnected / error;
 
 python bench/soak.py [--requests 600] [--concurrency 32]   -> bench/results/soak.jsonl
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,10 +28,10 @@ import time
 import requests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "python_tests")]
+sys.path.insert(0, ROOT)
 
 import provenance  # noqa: E402
-from harness import launch  # noqa: E402
+from sglang_dflash.testing.servers import launch  # noqa: E402
 
 CONTEXT, MAX_TOTAL = 2048, 3072
 
@@ -42,8 +43,15 @@ def plan(n: int, seed: int = 0) -> list[dict]:
         max_new = max(1, int(math.exp(rng.uniform(0, math.log(512)))))
         plen = max(1, int(math.exp(rng.uniform(0, math.log(CONTEXT - max_new - 8)))))
         kind = rng.choices(["greedy", "sampled", "disconnect", "abort"], [0.4, 0.4, 0.1, 0.1])[0]
-        jobs.append({"i": i, "kind": kind, "max_new": max_new,
-                     "ids": [rng.randrange(3, 380) for _ in range(plen)], "delay": rng.uniform(0.2, 2.0)})
+        jobs.append(
+            {
+                "i": i,
+                "kind": kind,
+                "max_new": max_new,
+                "ids": [rng.randrange(3, 380) for _ in range(plen)],
+                "delay": rng.uniform(0.2, 2.0),
+            }
+        )
     return jobs
 
 
@@ -51,7 +59,11 @@ def one(url: str, job: dict) -> dict:
     sp = {"max_new_tokens": job["max_new"], "temperature": 0}
     if job["kind"] == "sampled":
         sp.update(temperature=0.8, top_p=0.9, sampling_seed=job["i"])
-    body = {"input_ids": job["ids"], "sampling_params": sp, "rid": f"soak-{job['i']:05d}."}  # SGLang aborts by rid prefix
+    body = {
+        "input_ids": job["ids"],
+        "sampling_params": sp,
+        "rid": f"soak-{job['i']:05d}.",
+    }  # SGLang aborts by rid prefix
     t = time.perf_counter()
     rec = {"i": job["i"], "kind": job["kind"]}
     try:
@@ -90,8 +102,11 @@ def one(url: str, job: dict) -> dict:
             else:
                 out = r.json()
                 aborted = out["meta_info"]["finish_reason"]["type"] == "abort"
-                rec.update(status="aborted" if aborted else "completed", output_ids=out["output_ids"],
-                           finish=out["meta_info"]["finish_reason"])
+                rec.update(
+                    status="aborted" if aborted else "completed",
+                    output_ids=out["output_ids"],
+                    finish=out["meta_info"]["finish_reason"],
+                )
     except Exception as e:  # noqa: BLE001 - every failure is a counted figure
         rec.update(status="error", error=f"{type(e).__name__}: {e}"[:200])
     rec["latency"] = time.perf_counter() - t
@@ -131,16 +146,28 @@ def soak(target: str, drafter: str, n: int, concurrency: int, seed: int = 0) -> 
         load = load[0] if isinstance(load, list) else load.get("loads", [load])[0]
         metrics = requests.get(srv.url + "/metrics", timeout=30).text
         log = srv.log()
-    retracted = sum(float(line.split()[-1]) for line in metrics.splitlines()
-                    if line.startswith("sglang:num_retracted_requests_total"))
+    retracted = sum(
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("sglang:num_retracted_requests_total")
+    )
     greedy = [r for r in results if r["kind"] == "greedy" and r["status"] == "completed"]
     with launch(target, None, "float32", extra=extra[:4], name="soak-plain") as plain:
         with cf.ThreadPoolExecutor(concurrency) as ex:
-            refs = list(ex.map(lambda r: plain.generate(jobs[r["i"]]["ids"], jobs[r["i"]]["max_new"])["output_ids"],
-                               greedy))
-    mismatched = [{"i": r["i"], "prompt_len": len(jobs[r["i"]]["ids"]), "got": r["output_ids"][:12], "want": want[:12],
-                   "finish": r["finish"]}
-                  for r, want in zip(greedy, refs) if r["output_ids"] != want]
+            refs = list(
+                ex.map(lambda r: plain.generate(jobs[r["i"]]["ids"], jobs[r["i"]]["max_new"])["output_ids"], greedy)
+            )
+    mismatched = [
+        {
+            "i": r["i"],
+            "prompt_len": len(jobs[r["i"]]["ids"]),
+            "got": r["output_ids"][:12],
+            "want": want[:12],
+            "finish": r["finish"],
+        }
+        for r, want in zip(greedy, refs)
+        if r["output_ids"] != want
+    ]
     status = [r["status"] for r in results]
     errors: dict[str, int] = {}
     for r in results:
@@ -150,19 +177,29 @@ def soak(target: str, drafter: str, n: int, concurrency: int, seed: int = 0) -> 
     lat = sorted(r["latency"] for r in results if r["status"] == "completed")
     marks = sorted(rss)
     return {
-        "requests": n, "concurrency": concurrency, "wall_s": round(wall, 1),
-        "completed": status.count("completed"), "aborted": status.count("aborted"),
-        "disconnected": status.count("disconnected"), "errors": errors, "error_count": status.count("error"),
-        "greedy_checked": len(greedy), "greedy_mismatched": mismatched,
+        "requests": n,
+        "concurrency": concurrency,
+        "wall_s": round(wall, 1),
+        "completed": status.count("completed"),
+        "aborted": status.count("aborted"),
+        "disconnected": status.count("disconnected"),
+        "errors": errors,
+        "error_count": status.count("error"),
+        "greedy_checked": len(greedy),
+        "greedy_mismatched": mismatched,
         "latency_p50_s": round(statistics.median(lat), 3) if lat else None,
         "latency_p99_s": round(lat[int(0.99 * (len(lat) - 1))], 3) if lat else None,
-        "retracted_requests": retracted, "healthy": healthy,
-        "used_tokens_after_flush": load.get("num_used_tokens"), "running_after": load.get("num_running_reqs"),
+        "retracted_requests": retracted,
+        "healthy": healthy,
+        "used_tokens_after_flush": load.get("num_used_tokens"),
+        "running_after": load.get("num_running_reqs"),
         "leak_reported": "leak" in log.lower(),
         "rss_mb": {str(k): round(v) for k, v in rss.items()},
         "rss_growth_mb": round(rss[marks[-1]] - rss[marks[1]]) if len(marks) >= 2 else None,
-        "argv": {"dflash": provenance.server_argv(target, drafter, "float32", extra),
-                 "plain": provenance.server_argv(target, None, "float32", extra[:4])},
+        "argv": {
+            "dflash": provenance.server_argv(target, drafter, "float32", extra),
+            "plain": provenance.server_argv(target, None, "float32", extra[:4]),
+        },
     }
 
 

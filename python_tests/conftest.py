@@ -1,41 +1,17 @@
 """Shared fixtures: tiny models are generated once per session (cached on disk across sessions)."""
-import os
 
 import pytest
 
-from sglang_dflash import env
-from sglang_dflash.folder_cache import build_once
-from sglang_dflash.testing.tiny_drafter import make_tiny_drafter, steer_target
-from sglang_dflash.testing.tiny_models import tiny_model_cache
-
-ROOT = env.TEST_CACHE.get()
-
-# Steering strength for a target that proposes the steer token only part of the time (so
-# acceptance lengths vary); measured per architecture on the seed-0 tiny models.
-MIXED = {"llama": 230.0, "qwen3": 230.0}
-FORCED = 2000.0
+from sglang_dflash.testing.pairs import ROOT, pair as build_pair
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "server: starts a real SGLang server (slow)")
 
 
-def _pair(kind: str, dtype: str, strength: float | None, block: int = 16, layers: int = 2) -> tuple[str, str]:
-    """(target, drafter) paths. strength None -> the unmodified random target and a random drafter."""
-    base = str(tiny_model_cache(kind, dtype))
-
-    def build(tmp: str) -> None:
-        target = base if strength is None else steer_target(base, os.path.join(tmp, "target"), strength)
-        make_tiny_drafter(os.path.join(tmp, "drafter"), target, block_size=block, num_layers=layers,
-                          steer=strength is not None)
-
-    d = build_once(os.path.join(ROOT, f"pair-{kind}-{dtype}-{strength}-b{block}-l{layers}-v2"), build)
-    return base if strength is None else os.path.join(d, "target"), os.path.join(d, "drafter")
-
-
 @pytest.fixture(scope="session")
 def pair():
-    return _pair
+    return build_pair
 
 
 @pytest.fixture(scope="session")

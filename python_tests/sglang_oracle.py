@@ -23,11 +23,12 @@ Which SGLang code, and why it is what a CPU server runs:
     (The flashinfer GPU backend -- top_k_renorm_prob, top_p_renorm_prob, min_p_sampling_from_probs --
     is a different code path and is NOT what this oracle models.)
 """
+
 from __future__ import annotations
 
 import torch
 
-from sglang_dflash.cpu_shims import install_cpu_shims
+from sglang_dflash.srt.cpu_shims import install_cpu_shims
 
 install_cpu_shims()  # without a GPU, SGLang's module-level sgl_kernel imports need these stand-ins
 
@@ -52,8 +53,9 @@ def _rows(x, n: int) -> list:
 def request_params(n: int, temperature, top_p=1.0, top_k=-1, min_p=0.0, vocab: int = 1 << 30):
     """Per-row API values (scalars or per-row) -> SGLang's normalized, verified SamplingParams."""
     cols = [_rows(v, n) for v in (temperature, top_p, top_k, min_p)]
-    params = [SamplingParams(temperature=float(t), top_p=float(p), top_k=int(k), min_p=float(m))
-              for t, p, k, m in zip(*cols)]
+    params = [
+        SamplingParams(temperature=float(t), top_p=float(p), top_k=int(k), min_p=float(m)) for t, p, k, m in zip(*cols)
+    ]
     for sp in params:
         sp.verify(vocab)
     return params
@@ -61,10 +63,12 @@ def request_params(n: int, temperature, top_p=1.0, top_k=-1, min_p=0.0, vocab: i
 
 def batch_tensors(params):
     """SamplingParams rows -> (temperatures [N, 1], top_ps, top_ks, min_ps) as SamplingBatchInfo has them."""
-    return (torch.tensor([sp.temperature for sp in params], dtype=torch.float).view(-1, 1),
-            torch.tensor([sp.top_p for sp in params], dtype=torch.float),
-            torch.tensor([sp.top_k for sp in params], dtype=torch.int32),
-            torch.tensor([sp.min_p for sp in params], dtype=torch.float))
+    return (
+        torch.tensor([sp.temperature for sp in params], dtype=torch.float).view(-1, 1),
+        torch.tensor([sp.top_p for sp in params], dtype=torch.float),
+        torch.tensor([sp.top_k for sp in params], dtype=torch.int32),
+        torch.tensor([sp.min_p for sp in params], dtype=torch.float),
+    )
 
 
 def sglang_probs(logits: torch.Tensor, temperature, top_p=1.0, top_k=-1, min_p=0.0) -> torch.Tensor:
@@ -83,6 +87,7 @@ def sglang_probs(logits: torch.Tensor, temperature, top_p=1.0, top_k=-1, min_p=0
         return probs
     with torch.random.fork_rng(devices=[]):  # the oracle also draws a token; keep callers' RNG as is
         _, weights, token_ids, _ = top_k_top_p_min_p_sampling_from_probs_torch(
-            probs, top_ks, top_ps, min_ps, need_min_p, None, None, return_filtered_probs=True)
+            probs, top_ks, top_ps, min_ps, need_min_p, None, None, return_filtered_probs=True
+        )
     dense = torch.zeros_like(probs).scatter_(1, token_ids.long(), weights)
     return dense / dense.sum(-1, keepdim=True)

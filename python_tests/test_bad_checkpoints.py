@@ -1,4 +1,5 @@
 """Each bad drafter checkpoint fails the real server at start-up with a message naming the field."""
+
 import json
 import os
 import shutil
@@ -6,7 +7,7 @@ import shutil
 import pytest
 from safetensors.torch import load_file, save_file
 
-from harness import run_failing
+from sglang_dflash.testing.servers import run_failing
 from sglang_dflash.testing.tiny_drafter import make_tiny_drafter
 
 
@@ -40,16 +41,25 @@ def other_hidden(target, tmp):
 CASES = {
     "hidden_size": (lambda d, t, tmp: make_tiny_drafter(d, other_hidden(t, tmp)), "hidden_size"),
     "head_layout": (lambda d, t, tmp: edit_config(d, lambda c: c.update(num_key_value_heads=3)), "head layout"),
-    "missing_weight": (lambda d, t, tmp: edit_weights(d, lambda w: w.pop("layers.1.mlp.up_proj.weight")),
-                       "missing weights"),
-    "extra_weight": (lambda d, t, tmp: edit_weights(d, lambda w: w.update({"lm_head.weight": w["fc.weight"].clone()})),
-                     "unexpected weights"),
-    "layer_ids": (lambda d, t, tmp: edit_config(d, lambda c: c["dflash_config"].update(target_layer_ids=[1, 7])),
-                  "target_layer_ids"),
+    "missing_weight": (
+        lambda d, t, tmp: edit_weights(d, lambda w: w.pop("layers.1.mlp.up_proj.weight")),
+        "missing weights",
+    ),
+    "extra_weight": (
+        lambda d, t, tmp: edit_weights(d, lambda w: w.update({"lm_head.weight": w["fc.weight"].clone()})),
+        "unexpected weights",
+    ),
+    "layer_ids": (
+        lambda d, t, tmp: edit_config(d, lambda c: c["dflash_config"].update(target_layer_ids=[1, 7])),
+        "target_layer_ids",
+    ),
     "no_mask": (lambda d, t, tmp: edit_config(d, lambda c: c["dflash_config"].pop("mask_token_id")), "mask token"),
-    "mask_not_in_vocab": (lambda d, t, tmp: edit_config(d, lambda c: (c["dflash_config"].pop("mask_token_id"),
-                                                                      c.update(mask_token="<|no-such|>"))),
-                          "not in the target vocabulary"),
+    "mask_not_in_vocab": (
+        lambda d, t, tmp: edit_config(
+            d, lambda c: (c["dflash_config"].pop("mask_token_id"), c.update(mask_token="<|no-such|>"))
+        ),
+        "not in the target vocabulary",
+    ),
     "block_too_small": (lambda d, t, tmp: edit_config(d, lambda c: c.update(block_size=1)), "block_size"),
     "block_too_large": (lambda d, t, tmp: edit_config(d, lambda c: c.update(block_size=999)), "block_size"),
     "vocab": (lambda d, t, tmp: edit_config(d, lambda c: c.update(vocab_size=1000)), "vocab_size"),

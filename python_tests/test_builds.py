@@ -1,6 +1,7 @@
 """The CUDA sources compile for sm_90 and sm_100 with nvcc (compile only: nothing CUDA runs here),
 warnings as errors (SGLANG_DFLASH_WERROR=1; off for users' installs); the CPU and CUDA ops share
 csrc/dflash_checks.h; and bench/gpu_check.sh passes its CPU mode for both tiers."""
+
 import ast
 import glob
 import os
@@ -30,10 +31,22 @@ def test_cuda_extension_compiles_for_sm90_sm100(tmp_path):
     shutil.copytree(os.path.join(ROOT, "csrc"), tmp_path / "csrc")
     (tmp_path / "sglang_dflash").mkdir()
     (tmp_path / "sglang_dflash" / "__init__.py").write_text("")
-    env = {**os.environ, "FORCE_CUDA": "1", "CUDA_HOME": cuda_home, "TORCH_CUDA_ARCH_LIST": "9.0;10.0",
-           "MAX_JOBS": "2", "SGLANG_DFLASH_WERROR": "1"}
-    p = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=1500)
+    env = {
+        **os.environ,
+        "FORCE_CUDA": "1",
+        "CUDA_HOME": cuda_home,
+        "TORCH_CUDA_ARCH_LIST": "9.0;10.0",
+        "MAX_JOBS": "2",
+        "SGLANG_DFLASH_WERROR": "1",
+    }
+    p = subprocess.run(
+        [sys.executable, "setup.py", "build_ext", "--inplace"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-5000:]
     assert "sm_90" in out and "sm_100" in out
@@ -59,7 +72,9 @@ def test_werror_only_when_asked():
     flags = compile_args({"SGLANG_DFLASH_WERROR": "1"})
     assert "-Werror" in flags["cxx"] and "-Werror=all-warnings" in flags["nvcc"]
     make = open(os.path.join(ROOT, "Makefile")).read()
-    assert re.search(r"SGLANG_DFLASH_WERROR=1 \$\(PIP\) install [^\n]*-e \.", make), "make install must build with -Werror"
+    assert re.search(r"SGLANG_DFLASH_WERROR=1 \$\(PIP\) install [^\n]*-e \.", make), (
+        "make install must build with -Werror"
+    )
 
 
 def function_body(src, name):
@@ -70,12 +85,17 @@ def function_body(src, name):
     for j in range(i, len(src)):
         depth += {"{": 1, "}": -1}.get(src[j], 0)
         if depth == 0:
-            return src[start.start():j + 1]
+            return src[start.start() : j + 1]
     raise AssertionError(name)
 
 
-@pytest.mark.parametrize("source, fn, launch", [("dflash_ops.cpp", "write_draft_kv_cpu", "at::parallel_for"),
-                                                ("dflash_ops_cuda.cu", "write_draft_kv_cuda", "launch_write<")])
+@pytest.mark.parametrize(
+    "source, fn, launch",
+    [
+        ("dflash_ops.cpp", "write_draft_kv_cpu", "at::parallel_for"),
+        ("dflash_ops_cuda.cu", "write_draft_kv_cuda", "launch_write<"),
+    ],
+)
 def test_write_draft_kv_uses_shared_checks(source, fn, launch):
     # The CUDA path cannot run here: check that, like the CPU one, it validates with the shared header
     # (args, then slot/position bounds) before anything is written; the compile test builds both.
@@ -93,7 +113,13 @@ def test_write_draft_kv_uses_shared_checks(source, fn, launch):
 @pytest.mark.server
 @pytest.mark.parametrize("tier", ["--kernels", "--e2e"])
 def test_gpu_check_cpu_mode(tier):
-    p = subprocess.run(["bash", "bench/gpu_check.sh", tier, "--cpu"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=1200, env={**os.environ, "PYTHON": sys.executable})
+    p = subprocess.run(
+        ["bash", "bench/gpu_check.sh", tier, "--cpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     assert "PASS" in p.stdout

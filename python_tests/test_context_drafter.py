@@ -4,10 +4,11 @@ The steered pair always drafts one token, so only this pair can catch a serving 
 drafter's context K/V, RoPE or block attention: such a bug changes the drafts, hence the verify
 step count, while the output stays lossless.
 """
+
 import pytest
 import torch
 
-from harness import assert_lossless, generate_all, launch, reference
+from sglang_dflash.testing.servers import assert_lossless, generate_all, launch, reference
 from sglang_dflash.testing import context_drafter as cd
 from sglang_dflash.testing.tiny_drafter import make_tiny_drafter
 from sglang_dflash.testing.tiny_models import EOS_ID
@@ -73,8 +74,9 @@ def test_served_tau_equals_offline_walk(context_pair, ref):
     prompts, hf_outs = held(ref)
     with launch(target, None, "float32", name="plain-context") as plain:
         refs = reference(plain, prompts, MAX_NEW)
-    with launch(target, drafter, "float32", name="dflash-context",
-                extra=["--speculative-num-draft-tokens", str(cd.BLOCK)]) as srv:
+    with launch(
+        target, drafter, "float32", name="dflash-context", extra=["--speculative-num-draft-tokens", str(cd.BLOCK)]
+    ) as srv:
         got = generate_all(srv, prompts, MAX_NEW)
     assert_lossless(refs, got, F32_TIE)
     outs = [r["output_ids"] for r in refs]

@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from sglang_dflash import cpu_shims as S
+from sglang_dflash.srt import cpu_shims as S
 
 
 def _rand_lens(g, bs, lo, hi):
@@ -63,9 +63,7 @@ def test_assign_draft_cache_locs_contiguous(topk, num_cols):
     for i in range(bs):
         for j in range(topk * num_cols):
             ref[i * topk * num_cols + j] = req_to_token[req[i], seq_lens[i] + j]
-    S.assign_draft_cache_locs_contiguous_cpu(
-        req, req_to_token, seq_lens, out, pool_len, topk, num_cols
-    )
+    S.assign_draft_cache_locs_contiguous_cpu(req, req_to_token, seq_lens, out, pool_len, topk, num_cols)
     assert torch.equal(out, ref)
 
 
@@ -163,9 +161,7 @@ def test_spawned_child_gets_shims(monkeypatch):
         pytest.skip("real sgl_kernel works here")
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
     # The module does `from sgl_kernel import copy_all_layer_kv_cache_cpu` at import.
-    p = mp.get_context("spawn").Process(
-        target=importlib.import_module, args=("sglang.kernels.ops.kvcache.cache_move",)
-    )
+    p = mp.get_context("spawn").Process(target=importlib.import_module, args=("sglang.kernels.ops.kvcache.cache_move",))
     p.start()
     p.join(120)
     assert p.exitcode == 0

@@ -1,5 +1,6 @@
 """Kubernetes manifests: every overlay renders with `kubectl kustomize`, every object validates
 (kubernetes-validate for built-in kinds, our own checks for CRDs), and serving invariants hold."""
+
 import os
 import shutil
 import subprocess
@@ -22,8 +23,9 @@ def render(path):
     return [d for d in yaml.safe_load_all(p.stdout) if d]
 
 
-RENDERED = {name: render(os.path.join(DEPLOY, "base" if name == "base" else f"overlays/{name}"))
-            for name in ["base", *OVERLAYS]}
+RENDERED = {
+    name: render(os.path.join(DEPLOY, "base" if name == "base" else f"overlays/{name}")) for name in ["base", *OVERLAYS]
+}
 
 
 def pod_specs(objs):
@@ -38,8 +40,11 @@ def pod_specs(objs):
 
 def servers(objs):
     """Pod specs running the SGLang server (not the router)."""
-    return [(n, s) for n, s in pod_specs(objs) if any("--speculative-algorithm=DFLASH" in c.get("args", [])
-                                                      for c in s["containers"])]
+    return [
+        (n, s)
+        for n, s in pod_specs(objs)
+        if any("--speculative-algorithm=DFLASH" in c.get("args", []) for c in s["containers"])
+    ]
 
 
 def config(objs):
@@ -102,8 +107,9 @@ def test_serving_invariants(name):
             assert ":" in image and not image.endswith(":latest"), image
 
 
-@pytest.mark.parametrize("name,product", [("h100", "NVIDIA-H100-80GB-HBM3"), ("b200", "NVIDIA-B200"),
-                                          ("multinode", "NVIDIA-H100-80GB-HBM3")])
+@pytest.mark.parametrize(
+    "name,product", [("h100", "NVIDIA-H100-80GB-HBM3"), ("b200", "NVIDIA-B200"), ("multinode", "NVIDIA-H100-80GB-HBM3")]
+)
 def test_gpu_overlays_pick_their_gpu(name, product):
     for _, spec in servers(RENDERED[name]):
         assert spec["nodeSelector"]["nvidia.com/gpu.product"] == product
@@ -114,12 +120,16 @@ def strip(o):
     return {k: v for k, v in o.items() if k != "status"}
 
 
-@pytest.mark.parametrize("name,allowed", [
-    ("h100", {"Deployment"}), ("b200", {"Deployment"}),
-    ("multinode", {"Deployment", "LeaderWorkerSet", "ConfigMap"}),
-    ("router", {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding"}),
-    ("autoscaling", {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ScaledObject"}),
-])
+@pytest.mark.parametrize(
+    "name,allowed",
+    [
+        ("h100", {"Deployment"}),
+        ("b200", {"Deployment"}),
+        ("multinode", {"Deployment", "LeaderWorkerSet", "ConfigMap"}),
+        ("router", {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding"}),
+        ("autoscaling", {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ScaledObject"}),
+    ],
+)
 def test_overlays_differ_only_where_they_must(name, allowed):
     base = {(o["kind"], o["metadata"]["name"]): strip(o) for o in RENDERED["base"]}
     over = {(o["kind"], o["metadata"]["name"]): strip(o) for o in RENDERED[name]}

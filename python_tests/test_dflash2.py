@@ -1,16 +1,18 @@
 """DFlash 2 pieces in plain torch: the dynamic convolution, the path walk, the sampled path's q,
 loading DFlash 2 checkpoints (and DFlash 1 ones unchanged), and a selector-drafted block."""
+
 import itertools
 import json
 
 import pytest
 import torch
 
-from sglang_dflash.config import DrafterConfigError, load_drafter_config
-from sglang_dflash.draft import propose
-from sglang_dflash.model.dynamic_conv import DynamicConv, conv_reference
+from sglang_dflash.model.config import DrafterConfigError, load_drafter_config
+from sglang_dflash.pipeline.draft import propose
+from sglang_dflash.model.dynamic_conv import DynamicConv
 from sglang_dflash.model.loader import load_drafter
-from sglang_dflash.path import best_path, path_score, sample_path
+from sglang_dflash.model.path import best_path, sample_path
+from sglang_dflash.testing.reference import conv_reference, path_score
 from sglang_dflash.testing.tiny_drafter import make_tiny_drafter
 from sglang_dflash.testing.tiny_models import tiny_model_cache
 
@@ -46,9 +48,9 @@ def test_best_path_equals_brute_force(k, p, seed):
     got = best_path(edges)
     for b in range(edges.shape[0]):
         paths = torch.tensor(list(itertools.product(range(k), repeat=p)))
-        scores = path_score(edges[b:b + 1].expand(len(paths), -1, -1, -1), paths)
+        scores = path_score(edges[b : b + 1].expand(len(paths), -1, -1, -1), paths)
         assert torch.equal(got[b], paths[scores.argmax()]), (got[b], paths[scores.argmax()])
-        assert torch.isclose(path_score(edges[b:b + 1], got[b:b + 1])[0], scores.max())
+        assert torch.isclose(path_score(edges[b : b + 1], got[b : b + 1])[0], scores.max())
 
 
 def test_sampled_path_draws_from_its_q():
@@ -86,11 +88,13 @@ def test_dflash2_checkpoint_loads_and_drafts_a_block(tmp_path, target):
     ctx = torch.randn(6, cfg.num_kv_heads, cfg.head_dim)
 
     def attend(layer, q, k, v):  # every query sees the block's own rows plus a fixed context
-        from sglang_dflash.attention import attend_rows
+        from sglang_dflash.pipeline.attention import attend_rows
+
         out = torch.empty_like(q)
         for r in range(0, q.shape[0], 4):
-            out[r:r + 4] = attend_rows(q[r:r + 4], torch.cat([ctx, k[r:r + 4]]), torch.cat([ctx, v[r:r + 4]]),
-                                       cfg.head_dim ** -0.5)
+            out[r : r + 4] = attend_rows(
+                q[r : r + 4], torch.cat([ctx, k[r : r + 4]]), torch.cat([ctx, v[r : r + 4]]), cfg.head_dim**-0.5
+            )
         return out
 
     ids = torch.tensor([[5, 383, 383, 383], [7, 383, 383, 383]])
@@ -114,11 +118,14 @@ def test_dflash1_checkpoint_still_loads_without_dflash2_weights(tmp_path, target
     assert cfg.dflash2 is None and model.selector is None and not hasattr(model.layers[0], "mlp_conv")
 
 
-@pytest.mark.parametrize("change,field", [
-    ({"selector_top_k": None}, "selector_top_k"),
-    ({"conv_group_size": 7}, "conv_group_size"),
-    ({"selector_rank": 0}, "selector_rank"),
-])
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        ({"selector_top_k": None}, "selector_top_k"),
+        ({"conv_group_size": 7}, "conv_group_size"),
+        ({"selector_rank": 0}, "selector_rank"),
+    ],
+)
 def test_bad_dflash2_config_names_the_field(tmp_path, target, change, field):
     path = make_tiny_drafter(str(tmp_path / "bad"), target, block_size=4, dflash2=D2)
     with open(f"{path}/config.json") as f:

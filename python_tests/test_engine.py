@@ -1,4 +1,5 @@
 """The offline sglang.Engine serves DFLASH through our worker, losslessly (float32)."""
+
 import json
 import os
 import subprocess
@@ -6,7 +7,7 @@ import sys
 
 import pytest
 
-from harness import assert_lossless
+from sglang_dflash.testing.servers import assert_lossless
 from sglang_dflash.cpu_serving import CPU_ENV
 
 HERE = os.path.dirname(__file__)
@@ -14,13 +15,18 @@ HERE = os.path.dirname(__file__)
 
 @pytest.mark.server
 def test_offline_engine_lossless(pair, tmp_path):
-    from conftest import MIXED
+    from sglang_dflash.testing.pairs import MIXED
 
     target, drafter = pair("qwen3", "float32", MIXED["qwen3"])
     out = tmp_path / "engine.json"
     env = {**os.environ, **CPU_ENV, "PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = subprocess.run([sys.executable, os.path.join(HERE, "engine_run.py"), target, drafter, str(out)],
-                       env=env, capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        [sys.executable, os.path.join(HERE, "engine_run.py"), target, drafter, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     res = json.loads(out.read_text())
     assert_lossless(res["refs"], res["outs"], 1e-4)

@@ -1,6 +1,7 @@
 """Faults: a drafter step that raises degrades that batch to plain decoding; outputs stay exact,
 the log says what happened, and the server keeps serving. A server killed mid-load (SIGKILL to
 every process) starts again on the same port with no clean-up and serves exactly."""
+
 import os
 import signal
 import subprocess
@@ -9,14 +10,14 @@ import time
 
 import pytest
 
-from harness import assert_lossless, free_port, generate_all, launch, prompts, reference
+from sglang_dflash.testing.servers import assert_lossless, free_port, generate_all, launch, prompts, reference
 
 PROMPTS = prompts(12, seed=9, max_len=120)
 
 
 @pytest.fixture(scope="module")
 def models(pair):
-    from conftest import MIXED
+    from sglang_dflash.testing.pairs import MIXED
 
     target, drafter = pair("llama", "float32", MIXED["llama"])
     with launch(target, None, "float32", name="plain-faults") as plain:
@@ -27,8 +28,9 @@ def models(pair):
 @pytest.mark.server
 def test_failing_draft_steps_keep_outputs_exact(models):
     target, drafter, refs = models
-    with launch(target, drafter, "float32", name="dflash-faults",
-                env={"SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY": "3"}) as srv:
+    with launch(
+        target, drafter, "float32", name="dflash-faults", env={"SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY": "3"}
+    ) as srv:
         outs = generate_all(srv, PROMPTS, 32)
         again = generate_all(srv, PROMPTS[:2], 32)
         log = srv.log()

@@ -1,4 +1,5 @@
 """csrc/ ops: schema, opcheck, and the C++ CPU kernels against the torch references."""
+
 import os
 import subprocess
 import sys
@@ -7,8 +8,7 @@ import pytest
 import torch
 
 from sglang_dflash import kernels
-from sglang_dflash.kernels.reference import (linear_verify_accept_ref, rope_cos_sin_cache,
-                                             write_draft_kv_ref)
+from sglang_dflash.kernels.reference import linear_verify_accept_ref, rope_cos_sin_cache, write_draft_kv_ref
 
 OPS = kernels.ops()
 
@@ -68,14 +68,14 @@ def test_write_draft_kv_empty_and_errors():
     assert (kc == 0).all()
     k, v, w, cs, pos, slots, kc, vc = make_write_case(T=2)
     with pytest.raises(RuntimeError, match="slot"):
-        OPS.write_draft_kv(k, v, w, cs, pos, torch.tensor([0, 10 ** 6]), kc, vc, 1e-6, True, 1.0)
+        OPS.write_draft_kv(k, v, w, cs, pos, torch.tensor([0, 10**6]), kc, vc, 1e-6, True, 1.0)
 
 
 def test_write_draft_kv_bad_slot_names_slot_and_pool_size():
     # csrc/dflash_checks.h, shared by the CPU and CUDA ops: checked before any write, never a silent
     # out-of-bounds store; the message names the bad slot id and the KV pool's size (S = 8 * 16).
     k, v, w, cs, pos, slots, kc, vc = make_write_case(T=2)
-    for bad in (10 ** 6, 128, -1):
+    for bad in (10**6, 128, -1):
         with pytest.raises(RuntimeError, match=rf"slot {bad} out of range \[0, 128\): the KV pool has 128 slots"):
             OPS.write_draft_kv(k, v, w, cs, pos, torch.tensor([0, bad]), kc, vc, 1e-6, True, 1.0)
         assert (kc == 0).all() and (vc == 0).all()
@@ -98,8 +98,8 @@ def test_write_draft_kv_reference_checks_slots_alike():
 def test_write_draft_kv_strided_slots_and_positions():
     # A strided view of slots/positions must be read by index, not as raw memory.
     k, v, w, cs, pos, slots, kc, vc = make_write_case(T=5)
-    wide_slots = torch.stack([slots, torch.full_like(slots, 10 ** 6)], dim=1)  # [T, 2]; column 0 is a view
-    wide_pos = torch.stack([pos, torch.full_like(pos, 10 ** 6)], dim=1)
+    wide_slots = torch.stack([slots, torch.full_like(slots, 10**6)], dim=1)  # [T, 2]; column 0 is a view
+    wide_pos = torch.stack([pos, torch.full_like(pos, 10**6)], dim=1)
     kr, vr = kc.clone(), vc.clone()
     OPS.write_draft_kv(k, v, w, cs, wide_pos[:, 0], wide_slots[:, 0], kc, vc, 1e-6, True, 1.0)
     OPS.write_draft_kv(k, v, w, cs, pos, slots, kr, vr, 1e-6, True, 1.0)
@@ -150,10 +150,12 @@ def test_linear_verify_accept_opcheck():
 
 
 def test_reference_fallback_registers_same_ops():
-    code = ("import torch; from sglang_dflash import kernels; assert kernels.load() == 'reference';"
-            "from sglang_dflash.kernels.reference import *;"
-            "t = torch.tensor([[1, 2], [3, 4]]);"
-            "print(torch.ops.sglang_dflash.linear_verify_accept(t, t, t[:, 0], t[:, 0], t[:, :1])[2].tolist())")
+    code = (
+        "import torch; from sglang_dflash import kernels; assert kernels.load() == 'reference';"
+        "from sglang_dflash.kernels.reference import *;"
+        "t = torch.tensor([[1, 2], [3, 4]]);"
+        "print(torch.ops.sglang_dflash.linear_verify_accept(t, t, t[:, 0], t[:, 0], t[:, :1])[2].tolist())"
+    )
     env = {**os.environ, "SGLANG_DFLASH_REFERENCE_OPS": "1"}
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]

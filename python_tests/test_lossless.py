@@ -13,29 +13,50 @@ Every config uses the steered drafter (it always proposes token 42), so the veri
 request needs follow exactly from the plain output (harness.steered_verify_steps): the served
 spec_verify_ct must equal them, which a drafter that silently stopped drafting cannot fake.
 """
+
 import json
 
 import pytest
 import requests
 
-from harness import assert_lossless, assert_speculated, generate_all, launch, prompts, reference, steered_verify_steps
+from sglang_dflash.testing.servers import (
+    assert_lossless,
+    assert_speculated,
+    generate_all,
+    launch,
+    prompts,
+    reference,
+    steered_verify_steps,
+)
 
 F32_TIE = 1e-4
 BF16_TIE = 0.25
 MAX_NEW = 32
 PROMPTS = prompts(32)
-CHATS = [[{"role": "user", "content": "the water of my people"}],
-         [{"role": "system", "content": "you are a man"}, {"role": "user", "content": "call it a day"},
-          {"role": "assistant", "content": "one day"}, {"role": "user", "content": "what long sound"}]]
+CHATS = [
+    [{"role": "user", "content": "the water of my people"}],
+    [
+        {"role": "system", "content": "you are a man"},
+        {"role": "user", "content": "call it a day"},
+        {"role": "assistant", "content": "one day"},
+        {"role": "user", "content": "what long sound"},
+    ],
+]
 
 # (arch, dtype, steer strength or None, block size, extra server flags)
 CHUNKED = ("--chunked-prefill-size", "64")  # prompts up to 300 tokens prefill in 64-token chunks
 TP2 = ("--tp-size", "2")  # two CPU ranks: replicated drafter, vocab-parallel LM head
-CONFIGS = [("llama", "float32", "mixed", 16, ()), ("llama", "float32", "mixed", 8, ()),
-           ("llama", "float32", "mixed", 4, ()), ("qwen3", "float32", "mixed", 16, ()),
-           ("qwen3", "float32", "mixed", 8, ()), ("qwen3", "float32", "mixed", 4, ()),
-           ("llama", "float32", "mixed", 16, CHUNKED), ("qwen3", "float32", "mixed", 16, TP2),
-           ("llama", "bfloat16", "mixed", 16, ())]
+CONFIGS = [
+    ("llama", "float32", "mixed", 16, ()),
+    ("llama", "float32", "mixed", 8, ()),
+    ("llama", "float32", "mixed", 4, ()),
+    ("qwen3", "float32", "mixed", 16, ()),
+    ("qwen3", "float32", "mixed", 8, ()),
+    ("qwen3", "float32", "mixed", 4, ()),
+    ("llama", "float32", "mixed", 16, CHUNKED),
+    ("qwen3", "float32", "mixed", 16, TP2),
+    ("llama", "bfloat16", "mixed", 16, ()),
+]
 _refs = {}
 
 
@@ -53,18 +74,18 @@ def chat(url, messages, stream=False):
     return text
 
 
-@pytest.fixture(scope="module", params=CONFIGS,
-                ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}-b{c[3]}" + "".join(c[4]).replace("--", "-"))
+@pytest.fixture(
+    scope="module", params=CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}-b{c[3]}" + "".join(c[4]).replace("--", "-")
+)
 def served(request, pair):
-    from conftest import MIXED
+    from sglang_dflash.testing.pairs import MIXED
 
     arch, dtype, steer, block, flags = request.param
     target, drafter = pair(arch, dtype, MIXED[arch] if steer else None)
     key = (target, dtype)
     if key not in _refs:
         with launch(target, None, dtype, name=f"plain-{arch}-{dtype}") as plain:
-            _refs[key] = {"gen": reference(plain, PROMPTS, MAX_NEW),
-                          "chat": [chat_tokens(plain.url, m) for m in CHATS]}
+            _refs[key] = {"gen": reference(plain, PROMPTS, MAX_NEW), "chat": [chat_tokens(plain.url, m) for m in CHATS]}
     extra = ["--speculative-num-draft-tokens", str(block), *flags]
     with launch(target, drafter, dtype, extra=extra, name=f"dflash-{arch}-{dtype}-b{block}") as srv:
         yield srv, _refs[key], request.param[:4]
@@ -72,13 +93,22 @@ def served(request, pair):
 
 def chat_tokens(url, messages):
     """Greedy chat completion as (tokens, runner-up tokens, top-2 gaps), from OpenAI logprobs."""
-    body = {"model": "default", "messages": messages, "max_tokens": 24, "temperature": 0,
-            "logprobs": True, "top_logprobs": 2}
+    body = {
+        "model": "default",
+        "messages": messages,
+        "max_tokens": 24,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
     r = requests.post(url + "/v1/chat/completions", json=body, timeout=600)
     r.raise_for_status()
     content = r.json()["choices"][0]["logprobs"]["content"]
-    return ([c["token"] for c in content], [c["top_logprobs"][1]["token"] for c in content],
-            [c["top_logprobs"][0]["logprob"] - c["top_logprobs"][1]["logprob"] for c in content])
+    return (
+        [c["token"] for c in content],
+        [c["top_logprobs"][1]["token"] for c in content],
+        [c["top_logprobs"][0]["logprob"] - c["top_logprobs"][1]["logprob"] for c in content],
+    )
 
 
 @pytest.mark.server

@@ -1,4 +1,5 @@
 """python -m sglang_dflash.offline: resume, bad lines, chat and raw prompts, equality with plain."""
+
 import json
 import os
 import subprocess
@@ -8,17 +9,36 @@ import pytest
 
 from sglang_dflash.cpu_serving import CPU_ENV
 
-JOBS = [{"id": "raw-1", "prompt": "The water of"}, {"id": "raw-2", "prompt": "a man"},
-        {"id": "chat-1", "messages": [{"role": "user", "content": "call people"}]},
-        {"id": "raw-3", "prompt": "their day", "sampling_params": {"max_new_tokens": 5}},
-        {"id": "bad-temp", "prompt": "x", "sampling_params": {"temperature": -1}},
-        {"prompt": "no id here"},
-        {"id": "both", "prompt": "a", "messages": []}]
+JOBS = [
+    {"id": "raw-1", "prompt": "The water of"},
+    {"id": "raw-2", "prompt": "a man"},
+    {"id": "chat-1", "messages": [{"role": "user", "content": "call people"}]},
+    {"id": "raw-3", "prompt": "their day", "sampling_params": {"max_new_tokens": 5}},
+    {"id": "bad-temp", "prompt": "x", "sampling_params": {"temperature": -1}},
+    {"prompt": "no id here"},
+    {"id": "both", "prompt": "a", "messages": []},
+]
 
 
 def run(target, draft, inp, out, *extra):
-    cmd = [sys.executable, "-m", "sglang_dflash.offline", "--model", target, "--input", str(inp), "--output",
-           str(out), "--max-new-tokens", "16", "--batch-size", "3", "--dtype", "float32", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang_dflash.offline",
+        "--model",
+        target,
+        "--input",
+        str(inp),
+        "--output",
+        str(out),
+        "--max-new-tokens",
+        "16",
+        "--batch-size",
+        "3",
+        "--dtype",
+        "float32",
+        *extra,
+    ]
     if draft:
         cmd += ["--draft", draft]
     p = subprocess.run(cmd, env={**os.environ, **CPU_ENV}, capture_output=True, text=True, timeout=900)
@@ -28,7 +48,7 @@ def run(target, draft, inp, out, *extra):
 
 @pytest.mark.server
 def test_offline_cli(pair, tmp_path):
-    from conftest import MIXED
+    from sglang_dflash.testing.pairs import MIXED
 
     target, drafter = pair("llama", "float32", MIXED["llama"])
     inp = tmp_path / "in.jsonl"

@@ -4,11 +4,12 @@ The reference replays what SGLang's own penalizers hold when plain decoding reac
 the output so far plus the drafts d_1..d_j, accumulated one token at a time (scatter_add / scatter_
 as the penalizers do), applied with SGLang's own scaling function, in the given order.
 """
+
 import pytest
 import torch
 from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
 
-from sglang_dflash.penalties import PenaltyRows, apply_penalties
+from sglang_dflash.pipeline.penalties import PenaltyRows, apply_penalties
 
 V, B = 50, 6
 
@@ -47,15 +48,20 @@ def test_in_block_penalties_equal_sequential_plain_decoding(order):
     history = [torch.randint(0, 8, (n,), generator=g).tolist() for n in (1, 5, 12, 3)]
     for i in range(bs):
         draft[i, 0] = history[i][-1]  # the anchor is the last output token
-    rows = PenaltyRows(frequency=torch.tensor([0.1, 0.7, 0.0, 1.3]), presence=torch.tensor([0.0, 0.5, 0.3, 1.1]),
-                       repetition=torch.tensor([1.0, 1.3, 1.7, 0.9]), history=history,
-                       min_new_tokens=torch.tensor([0, 7, 0, 5]),
-                       stop_ids=torch.tensor([[2, -1], [2, 3], [2, -1], [4, 5]]),
-                       logit_bias=torch.randn(bs, V, generator=g), order=order)
+    rows = PenaltyRows(
+        frequency=torch.tensor([0.1, 0.7, 0.0, 1.3]),
+        presence=torch.tensor([0.0, 0.5, 0.3, 1.1]),
+        repetition=torch.tensor([1.0, 1.3, 1.7, 0.9]),
+        history=history,
+        min_new_tokens=torch.tensor([0, 7, 0, 5]),
+        stop_ids=torch.tensor([[2, -1], [2, 3], [2, -1], [4, 5]]),
+        logit_bias=torch.randn(bs, V, generator=g),
+        order=order,
+    )
     got = apply_penalties(logits, draft, rows).view(bs, B, V)
     for i in range(bs):
         for j in range(B):
-            want = reference_row(logits[i * B + j], history[i] + draft[i, 1:j + 1].tolist(), i, rows)
+            want = reference_row(logits[i * B + j], history[i] + draft[i, 1 : j + 1].tolist(), i, rows)
             assert torch.equal(got[i, j], want), (i, j, (got[i, j] - want).abs().max())
 
 

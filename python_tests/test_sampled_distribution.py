@@ -9,11 +9,12 @@ ours), the second from a verify block. Oracles, both independent of our sampling
 The prompt is one where the tiny target spreads its mass (perplexity ~7.5), so a distorted sampler
 (e.g. softmax applied twice: nearly uniform over the 384-token vocabulary) fails with p ~ 0.
 """
+
 import numpy as np
 import pytest
 from scipy.stats import chi2_contingency, chisquare
 
-from harness import launch, prompts
+from sglang_dflash.testing.servers import launch, prompts
 
 PROMPT = prompts(6, seed=3, max_len=40)[2]
 N = 800
@@ -36,8 +37,15 @@ def generate_all_params(srv, jobs):
 
 def exact_first(srv, vocab=384):
     """The target's first-token distribution at T=1 from the plain server's own logprobs."""
-    r = srv.post("/generate", {"input_ids": PROMPT, "return_logprob": True, "top_logprobs_num": vocab,
-                               "sampling_params": {"max_new_tokens": 1, "temperature": 0}}).json()
+    r = srv.post(
+        "/generate",
+        {
+            "input_ids": PROMPT,
+            "return_logprob": True,
+            "top_logprobs_num": vocab,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+        },
+    ).json()
     p = np.zeros(vocab)
     for lp, tok, _ in r["meta_info"]["output_top_logprobs"][0]:
         p[tok] = np.exp(lp)
@@ -66,7 +74,7 @@ def fit_p(seen, p):
 
 @pytest.fixture(scope="module")
 def samples(pair):
-    from conftest import MIXED
+    from sglang_dflash.testing.pairs import MIXED
 
     target, drafter = pair("llama", "float32", MIXED["llama"])
     with launch(target, None, "float32", name="plain-distribution") as plain:

@@ -12,6 +12,7 @@ The exact distributions p0, p1 come from SGLang's own CPU sampler (sglang_oracle
 verify._filter, so a filter that disagrees with SGLang's cannot cancel out; test_filter_matches_...
 checks our filter against that oracle directly.
 """
+
 import itertools
 import subprocess
 import sys
@@ -22,9 +23,9 @@ import torch
 from scipy.stats import chisquare
 from sglang_oracle import batch_tensors, request_params, sglang_probs
 
-from sglang_dflash.accept import accept_block, stop_table
-from sglang_dflash.draft import Proposal
-from sglang_dflash.verify import SamplingRows, target_tokens
+from sglang_dflash.pipeline.accept import accept_block, stop_table
+from sglang_dflash.pipeline.draft import Proposal
+from sglang_dflash.pipeline.target_sampling import SamplingRows, target_tokens
 
 V, N, B = 32, 20000, 4
 
@@ -43,13 +44,15 @@ def emit_two(rule, temp, top_p, top_k, min_p, seed=0):
     # the drafter: half of the time a fresh draw from p0 (often right), else uniform noise
     guess = torch.multinomial(p0.expand(N, V), 1).squeeze(1)
     d1 = torch.where(torch.rand(N) < 0.5, guess, torch.randint(0, V, (N,)))
-    draft = torch.stack([torch.zeros(N, dtype=torch.long), d1, torch.zeros(N, dtype=torch.long),
-                         torch.zeros(N, dtype=torch.long)], 1)
+    draft = torch.stack(
+        [torch.zeros(N, dtype=torch.long), d1, torch.zeros(N, dtype=torch.long), torch.zeros(N, dtype=torch.long)], 1
+    )
     logits = torch.stack([L0.expand(N, V), L1[d1], L1[0].expand(N, V), L1[0].expand(N, V)], 1).reshape(N * B, V)
     params = [torch.full((N,), x) for x in (temp, top_p)] + [torch.full((N,), top_k), torch.full((N,), min_p)]
     t = target_tokens(logits, B, SamplingRows(*params))
-    res = accept_block(draft, t, torch.zeros(N, dtype=torch.long), torch.full((N,), 100),
-                       stop_table([set()] * N, "cpu"))
+    res = accept_block(
+        draft, t, torch.zeros(N, dtype=torch.long), torch.full((N,), 100), stop_table([set()] * N, "cpu")
+    )
     commit, out = res.commit_lens, res.out_tokens
     first = out[:, 0]
     # rejected at d1: the second token comes from the next block, anchored at `first`
@@ -104,8 +107,13 @@ def test_seeded_rows_are_reproducible_and_greedy_rows_exact():
     assert torch.equal(a[0], b[0])
     assert torch.equal(a[2], logits.view(3, B, V)[2].argmax(-1))
     # the same (seed, position) draws the same token whatever block row it lands in
-    c = target_tokens(logits[1:2].repeat(B, 1), 1, SamplingRows(temps[:1].repeat(B), torch.ones(B), ks[:1].repeat(B),
-                                                             mins[:1].repeat(B), seeds=[7] * B, offsets=[6] * B))
+    c = target_tokens(
+        logits[1:2].repeat(B, 1),
+        1,
+        SamplingRows(
+            temps[:1].repeat(B), torch.ones(B), ks[:1].repeat(B), mins[:1].repeat(B), seeds=[7] * B, offsets=[6] * B
+        ),
+    )
     assert len(set(c.view(-1).tolist())) == 1
 
 
@@ -113,7 +121,7 @@ def test_seeded_rows_are_reproducible_and_greedy_rows_exact():
 def selector_draft(n, temp, L0, seed=0):
     """n sampled paths through a real CandidateSelector over the toy vocabulary -> draft [n, B], cand, q."""
     from sglang_dflash.model.selector import CandidateSelector
-    from sglang_dflash.path import sample_path
+    from sglang_dflash.model.path import sample_path
 
     g = torch.Generator().manual_seed(99)
     sel = CandidateSelector(hidden=16, vocab=V, rank=4, top_k=8)
@@ -133,7 +141,8 @@ def selector_draft(n, temp, L0, seed=0):
 
 
 def emit_two_with_q(rule, temp, top_p, top_k, min_p):
-    from sglang_dflash.verify import exponential, race
+    from sglang_dflash.pipeline.noise import exponential
+    from sglang_dflash.pipeline.target_sampling import race
 
     g = torch.Generator().manual_seed(1234)
     L0 = torch.randn(V, generator=g) * 2
@@ -153,8 +162,9 @@ def emit_two_with_q(rule, temp, top_p, top_k, min_p):
         elif rule == "ignore_q":  # accept with probability p(x), as if q were a point mass
             keep = torch.rand(N, B - 1) < p_x
             t = torch.cat([torch.where(keep, x, fresh[:, :-1]), t[:, -1:]], 1)
-    res = accept_block(draft, t, torch.zeros(N, dtype=torch.long), torch.full((N,), 100),
-                       stop_table([set()] * N, "cpu"))
+    res = accept_block(
+        draft, t, torch.zeros(N, dtype=torch.long), torch.full((N,), 100), stop_table([set()] * N, "cpu")
+    )
     commit, out = res.commit_lens, res.out_tokens
     first = out[:, 0]
     nxt = target_tokens(L1[first], 1, SamplingRows(*params)).squeeze(1)
@@ -166,8 +176,10 @@ def emit_two_with_q(rule, temp, top_p, top_k, min_p):
 def test_rejection_sampling_with_selector_q_is_lossless(temp, top_p, top_k, min_p):
     first, second, p0, commit = emit_two_with_q("ours", temp, top_p, top_k, min_p)
     p = chi2_p(first, second, p0, temp, top_p, top_k, min_p)
-    print(f"T={temp} top_p={top_p} top_k={top_k} min_p={min_p}: chi-square p={p:.3f}, "
-          f"mean accepted length {commit.float().mean():.2f}")
+    print(
+        f"T={temp} top_p={top_p} top_k={top_k} min_p={min_p}: chi-square p={p:.3f}, "
+        f"mean accepted length {commit.float().mean():.2f}"
+    )
     assert p > 1e-3
     assert 0.2 < float((commit >= 2).float().mean()) < 0.9  # the draft is right part of the time
 
@@ -192,14 +204,20 @@ def ours_vs_sglang(monkeypatch, logits, params):
     """Feed SGLang's own SamplingParams through the worker's path (batch_sampling.sampling_rows ->
     verify.target_tokens) and return (our distribution per row, SGLang's); our distribution is what
     target_tokens hands to verify.race (sampled rows) or the one-hot of its token (greedy rows)."""
-    import sglang_dflash.verify as verify
-    from sglang_dflash.batch_sampling import sampling_rows
+    import sglang_dflash.pipeline.target_sampling as verify
+    from sglang_dflash.srt.batch_sampling import sampling_rows
 
     temps, top_ps, top_ks, min_ps = batch_tensors(params)
-    info = types.SimpleNamespace(is_all_greedy=all(sp.top_k <= 1 for sp in params), temperatures=temps,
-                                 top_ps=top_ps, top_ks=top_ks, min_ps=min_ps)
-    batch = types.SimpleNamespace(sampling_info=info, reqs=[
-        types.SimpleNamespace(sampling_params=sp, output_ids=[]) for sp in params])
+    info = types.SimpleNamespace(
+        is_all_greedy=all(sp.top_k <= 1 for sp in params),
+        temperatures=temps,
+        top_ps=top_ps,
+        top_ks=top_ks,
+        min_ps=min_ps,
+    )
+    batch = types.SimpleNamespace(
+        sampling_info=info, reqs=[types.SimpleNamespace(sampling_params=sp, output_ids=[]) for sp in params]
+    )
     seen, real, rows = [], verify.race, sampling_rows(batch)
     with monkeypatch.context() as m:
         m.setattr(verify, "race", lambda w, noise: seen.append(w.clone()) or real(w, noise))
@@ -208,8 +226,13 @@ def ours_vs_sglang(monkeypatch, logits, params):
     if seen:
         sampled = rows.temperatures > 0
         ours[sampled] = (seen[0] / seen[0].sum(-1, keepdim=True))[sampled]
-    want = sglang_probs(logits, [sp.temperature for sp in params], [sp.top_p for sp in params],
-                        [sp.top_k for sp in params], [sp.min_p for sp in params])
+    want = sglang_probs(
+        logits,
+        [sp.temperature for sp in params],
+        [sp.top_p for sp in params],
+        [sp.top_k for sp in params],
+        [sp.min_p for sp in params],
+    )
     return ours, want
 
 
@@ -254,10 +277,12 @@ def test_cpu_server_samples_with_the_pytorch_backend():
     """The oracle models SGLang's "pytorch" sampling backend: that is what --device cpu resolves to."""
     from sglang_dflash.testing.tiny_models import tiny_model_cache
 
-    code = ("from sglang_dflash.cpu_shims import install_cpu_shims; install_cpu_shims()\n"
-            "from sglang.srt.server_args import ServerArgs\n"
-            "from sglang_dflash.cpu_serving import engine_kwargs\n"
-            f"a = ServerArgs(model_path={str(tiny_model_cache('llama', 'float32'))!r}, **engine_kwargs())\n"
-            "a.resolve_once(); print('SAMPLING_BACKEND', a.resolved_dict()['sampling_backend'])\n")
+    code = (
+        "from sglang_dflash.srt.cpu_shims import install_cpu_shims; install_cpu_shims()\n"
+        "from sglang.srt.server_args import ServerArgs\n"
+        "from sglang_dflash.cpu_serving import engine_kwargs\n"
+        f"a = ServerArgs(model_path={str(tiny_model_cache('llama', 'float32'))!r}, **engine_kwargs())\n"
+        "a.resolve_once(); print('SAMPLING_BACKEND', a.resolved_dict()['sampling_backend'])\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert "SAMPLING_BACKEND pytorch" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]

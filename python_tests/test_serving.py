@@ -1,4 +1,5 @@
 """Finishing inside a block, aborts, and the radix (prefix) cache, on the mixed-acceptance pair."""
+
 import os
 import threading
 import time
@@ -7,11 +8,15 @@ import pytest
 import requests
 import torch
 
-from harness import launch, penalty_cases, prompts
+from sglang_dflash.testing.servers import launch, penalty_cases, prompts
 
 SAMPLES = prompts(6, seed=3, max_len=40)
-LOGPROB_BODY = {"input_ids": SAMPLES[2], "return_logprob": True, "top_logprobs_num": 2,
-                "sampling_params": {"max_new_tokens": 24, "temperature": 0}}
+LOGPROB_BODY = {
+    "input_ids": SAMPLES[2],
+    "return_logprob": True,
+    "top_logprobs_num": 2,
+    "sampling_params": {"max_new_tokens": 24, "temperature": 0},
+}
 
 
 def stop_cases(ref_outputs):
@@ -38,7 +43,7 @@ def run_case(srv, p, params):
 
 @pytest.fixture(scope="module")
 def mixed(pair, tmp_path_factory):
-    from conftest import MIXED
+    from sglang_dflash.testing.pairs import MIXED
 
     target, drafter = pair("llama", "float32", MIXED["llama"])
     # Penalties: plain decoding counts every output token only without overlap scheduling (SGLang's
@@ -50,8 +55,14 @@ def mixed(pair, tmp_path_factory):
         want = [run_case(plain, p, c) for p, c in cases]
         pen_want = [run_case(plain, p, c) for p, c in penalty_cases(SAMPLES)]
     dump = tmp_path_factory.mktemp("kvdump")
-    with launch(target, drafter, "float32", name="dflash-serving", extra=["--enable-metrics"],
-                env={"SGLANG_DFLASH_DEBUG_DUMP_DIR": str(dump)}) as srv:
+    with launch(
+        target,
+        drafter,
+        "float32",
+        name="dflash-serving",
+        extra=["--enable-metrics"],
+        env={"SGLANG_DFLASH_DEBUG_DUMP_DIR": str(dump)},
+    ) as srv:
         yield srv, cases, want, dump, (base, pen_want, lp_want)
 
 
@@ -59,8 +70,11 @@ def mixed(pair, tmp_path_factory):
 def test_finish_inside_block_matches_plain(mixed):
     srv, cases, want, *_ = mixed
     assert len(cases) >= 30
-    on_drafts = [c for (_, c), w in zip(cases, want) if c.get("stop_token_ids") == [42]
-                 and w["meta_info"]["finish_reason"].get("matched") == 42]
+    on_drafts = [
+        c
+        for (_, c), w in zip(cases, want)
+        if c.get("stop_token_ids") == [42] and w["meta_info"]["finish_reason"].get("matched") == 42
+    ]
     assert len(on_drafts) >= 2, "too few cases stop on an accepted draft"
     for (p, c), w in zip(cases, want):
         got = run_case(srv, p, c)
@@ -113,8 +127,11 @@ def test_abort_frees_every_slot(mixed):
     assert requests.get(srv.url + "/health_generate", timeout=60).status_code == 200
     assert "leak" not in srv.log().lower()
     # flush_cache is refused while any request is running or queued: the aborted ones are gone
-    assert any(requests.post(srv.url + "/flush_cache", timeout=60).status_code == 200
-               for _ in range(50) if time.sleep(0.2) is None)
+    assert any(
+        requests.post(srv.url + "/flush_cache", timeout=60).status_code == 200
+        for _ in range(50)
+        if time.sleep(0.2) is None
+    )
 
 
 @pytest.mark.server
@@ -192,12 +209,14 @@ def test_greedy_exact_and_seeded_reproducible_in_a_sampling_batch(mixed):
         outs = list(ex.map(lambda c: run_case(srv, *c), jobs))
     for (c, w), o in zip(greedy, outs):
         assert o["output_ids"] == w["output_ids"], c
-    first, second = outs[len(greedy): len(greedy) + len(sampled)], outs[len(greedy) + len(sampled):]
+    first, second = outs[len(greedy) : len(greedy) + len(sampled)], outs[len(greedy) + len(sampled) :]
     for a, b in zip(first, second):
         assert a["output_ids"] == b["output_ids"]
     # one prompt, different seeds: the seed must matter (different prompts would differ anyway)
-    reseeded = [run_case(srv, SAMPLES[0], {"temperature": 1.0, "top_p": 0.9, "sampling_seed": s})["output_ids"]
-                for s in range(2000, 2006)]
+    reseeded = [
+        run_case(srv, SAMPLES[0], {"temperature": 1.0, "top_p": 0.9, "sampling_seed": s})["output_ids"]
+        for s in range(2000, 2006)
+    ]
     assert len({tuple(o) for o in reseeded}) >= 4, reseeded
 
 

@@ -1,5 +1,6 @@
 """One source of truth per fact: the block-size policy, resumable JSONL, build-once folders, the
 environment variables (checked against the README table) and the CPU serving settings."""
+
 import glob
 import json
 import os
@@ -8,7 +9,7 @@ import re
 import pytest
 
 from sglang_dflash import env
-from sglang_dflash.config import MAX_BLOCK_SIZE, DrafterConfigError, parse_drafter_config, resolve_block_size
+from sglang_dflash.model.config import MAX_BLOCK_SIZE, DrafterConfigError, parse_drafter_config, resolve_block_size
 from sglang_dflash.folder_cache import MARKER, build_once
 from sglang_dflash.resumable_jsonl import append_rows, done_ids, read_rows
 
@@ -41,9 +42,18 @@ def test_block_size_flag_wins_over_the_drafter_config(tmp_path):
 
 def test_block_size_falls_back_to_the_drafter_config(tmp_path):
     assert resolve_block_size(None, drafter_dir(tmp_path, 16)) == 16
-    cfg = parse_drafter_config({"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-                                "intermediate_size": 64, "vocab_size": 50, "block_size": 12,
-                                "dflash_config": {"mask_token_id": 49, "target_layer_ids": [1]}}, 4)
+    cfg = parse_drafter_config(
+        {
+            "hidden_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "vocab_size": 50,
+            "block_size": 12,
+            "dflash_config": {"mask_token_id": 49, "target_layer_ids": [1]},
+        },
+        4,
+    )
     assert resolve_block_size(None, cfg) == 12
 
 
@@ -62,8 +72,8 @@ def test_block_size_too_large_in_the_config_names_field_and_flag(tmp_path):
 
 def test_block_size_policy_lives_in_config_only():
     defs = [p for p, text in sources(*PY_SOURCES) if re.search(r"^MAX_BLOCK_SIZE\s*=", text, re.M)]
-    assert defs == ["sglang_dflash/config.py"]
-    for user in ("sglang_dflash/plugin.py", "sglang_dflash/worker.py"):
+    assert defs == ["sglang_dflash/model/config.py"]
+    for user in ("sglang_dflash/srt/hooks.py", "sglang_dflash/srt/worker.py"):
         assert "resolve_block_size(" in dict(sources(user))[user], user
 
 
@@ -174,8 +184,9 @@ def test_env_var_parsing(monkeypatch):
 # ---- CPU serving settings --------------------------------------------------------------------
 def test_cpu_serving_settings_are_defined_once():
     literal = re.compile(r"""["'](torch_native|SGLANG_USE_CPU_ENGINE)["']""")
-    owners = [p for p, text in sources(*PY_SOURCES) if literal.search(text)
-              and not os.path.basename(p).startswith("test_")]
+    owners = [
+        p for p, text in sources(*PY_SOURCES) if literal.search(text) and not os.path.basename(p).startswith("test_")
+    ]
     assert owners == ["sglang_dflash/cpu_serving.py"], owners
 
 

@@ -1,6 +1,7 @@
 """A short soak (the full one is `python bench/soak.py`, 600 requests): mixed prompt lengths up to
 the context limit, max_new_tokens 1..512, greedy + sampled, streaming clients that hang up, API
 aborts, and a KV pool small enough to queue. Nothing crashes, hangs, leaks or changes a token."""
+
 import os
 import sys
 
@@ -11,7 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 @pytest.mark.server
 def test_short_soak(pair):
-    from conftest import MIXED
+    from sglang_dflash.testing.pairs import MIXED
     from soak import soak
 
     target, drafter = pair("llama", "float32", MIXED["llama"])

@@ -1,26 +1,38 @@
 """Unit tests of the plain-torch stages: config, block, draft (vs a dense reference), accept, verify."""
-import json
 
 import pytest
 import torch
 
-from sglang_dflash.accept import accept_block, stop_table
-from sglang_dflash.attention import TorchBlockAttention
-from sglang_dflash.block import block_slots, build_block
-from sglang_dflash.config import (DrafterConfigError, check_against_target, default_target_layer_ids,
-                                  hf_hidden_state_index, parse_drafter_config)
-from sglang_dflash.draft import draft_block
-from sglang_dflash.draft_kv import DraftKVCache
+from sglang_dflash.pipeline.accept import accept_block, stop_table
+from sglang_dflash.pipeline.attention import TorchBlockAttention
+from sglang_dflash.pipeline.block import block_slots, build_block
+from sglang_dflash.model.config import (
+    DrafterConfigError,
+    check_against_target,
+    default_target_layer_ids,
+    hf_hidden_state_index,
+    parse_drafter_config,
+)
+from sglang_dflash.testing.reference import draft_block
+from sglang_dflash.pipeline.context_kv import DraftKVCache
 from sglang_dflash.model.drafter import DFlashDrafter
-from sglang_dflash.projection import write_context
+from sglang_dflash.pipeline.context_kv import write_context
 from sglang_dflash.testing.dense_drafter import dense_reference
-from sglang_dflash.verify import SamplingRows, target_tokens
+from sglang_dflash.pipeline.target_sampling import SamplingRows, target_tokens
 
 
 def cfg_dict(**kw):
-    c = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "head_dim": 8, "intermediate_size": 64, "vocab_size": 50, "block_size": 4,
-         "dflash_config": {"mask_token_id": 49, "target_layer_ids": [0, 2]}}
+    c = {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "intermediate_size": 64,
+        "vocab_size": 50,
+        "block_size": 4,
+        "dflash_config": {"mask_token_id": 49, "target_layer_ids": [0, 2]},
+    }
     c.update(kw)
     return c
 
@@ -32,12 +44,15 @@ def test_layer_id_convention():
     assert hf_hidden_state_index(1) == 2  # the output of layer 1 is HF hidden_states[2]
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"block_size": 1}, "block_size"),
-    ({"dflash_config": {"target_layer_ids": [0]}}, "mask token"),
-    ({"dflash_config": {"mask_token_id": 1, "target_layer_ids": [0, 9]}}, "target_layer_ids"),
-    ({"hidden_size": "x"}, "hidden_size"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"block_size": 1}, "block_size"),
+        ({"dflash_config": {"target_layer_ids": [0]}}, "mask token"),
+        ({"dflash_config": {"mask_token_id": 1, "target_layer_ids": [0, 9]}}, "target_layer_ids"),
+        ({"hidden_size": "x"}, "hidden_size"),
+    ],
+)
 def test_bad_config_names_field(change, field):
     with pytest.raises(DrafterConfigError, match=field):
         parse_drafter_config(cfg_dict(**change), target_num_layers=4)
@@ -77,12 +92,22 @@ def test_verify_greedy_and_filters():
     logits = torch.randn(2 * 3, 10)
     assert torch.equal(target_tokens(logits, 3), logits.argmax(-1).view(2, 3))
     # top_k=1 rows stay greedy even when sampling is requested
-    t = target_tokens(logits, 3, SamplingRows(torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0]),
-                                              torch.tensor([1, 1]), torch.tensor([0.0, 0.0])))
+    t = target_tokens(
+        logits,
+        3,
+        SamplingRows(
+            torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0]), torch.tensor([1, 1]), torch.tensor([0.0, 0.0])
+        ),
+    )
     assert torch.equal(t, logits.argmax(-1).view(2, 3))
     # top_p tiny -> the argmax only
-    t = target_tokens(logits, 3, SamplingRows(torch.tensor([2.0, 2.0]), torch.tensor([1e-6, 1e-6]),
-                                              torch.tensor([-1, -1]), torch.tensor([0.0, 0.0])))
+    t = target_tokens(
+        logits,
+        3,
+        SamplingRows(
+            torch.tensor([2.0, 2.0]), torch.tensor([1e-6, 1e-6]), torch.tensor([-1, -1]), torch.tensor([0.0, 0.0])
+        ),
+    )
     assert torch.equal(t, logits.argmax(-1).view(2, 3))
 
 
@@ -102,8 +127,9 @@ def test_paged_draft_matches_dense_reference():
     for f, s in zip(feats, ctx_slots):
         write_context(model, cache, f, torch.arange(len(s)), s)
     ids, pos = build_block(torch.tensor([3, 4]), torch.tensor(lens), B, 49)
-    attend = TorchBlockAttention(cache.k, cache.v, [torch.cat(x) for x in zip(ctx_slots, blk_slots)],
-                                 torch.cat(blk_slots), 8 ** -0.5)
+    attend = TorchBlockAttention(
+        cache.k, cache.v, [torch.cat(x) for x in zip(ctx_slots, blk_slots)], torch.cat(blk_slots), 8**-0.5
+    )
     out = draft_block(model, attend, emb, lambda h: h @ emb.weight.t(), ids, pos)
     for i, n in enumerate(lens):
         ref = dense_reference(model, feats[i], torch.arange(n), emb(ids[i]), pos[i])
@@ -129,17 +155,34 @@ def test_fused_context_write_equals_layer_math():
 def test_request_check_names_each_unsupported_field():
     from types import SimpleNamespace
 
-    from sglang_dflash.request_check import unsupported_reason
+    from sglang_dflash.srt.request_check import unsupported_reason
 
-    plain = SimpleNamespace(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0, min_new_tokens=0,
-                            logit_bias=None, json_schema=None, regex=None, ebnf=None, structural_tag=None)
+    plain = SimpleNamespace(
+        frequency_penalty=0.0,
+        presence_penalty=0.0,
+        repetition_penalty=1.0,
+        min_new_tokens=0,
+        logit_bias=None,
+        json_schema=None,
+        regex=None,
+        ebnf=None,
+        structural_tag=None,
+    )
     assert unsupported_reason(plain) is None
     for field, value in [("regex", "a+"), ("ebnf", "root ::= x"), ("json_schema", "{}"), ("watermark", {"k": 1})]:
         msg = unsupported_reason(SimpleNamespace(**{**vars(plain), field: value}))
         assert field in msg and "sglang_dflash" in msg
     assert "custom_logit_processor" in unsupported_reason(plain, custom_logit_processor="x")
-    served = SimpleNamespace(**{**vars(plain), "frequency_penalty": 0.3, "presence_penalty": 0.2,
-                                "repetition_penalty": 1.1, "min_new_tokens": 2, "logit_bias": {"1": 2.0}})
+    served = SimpleNamespace(
+        **{
+            **vars(plain),
+            "frequency_penalty": 0.3,
+            "presence_penalty": 0.2,
+            "repetition_penalty": 1.1,
+            "min_new_tokens": 2,
+            "logit_bias": {"1": 2.0},
+        }
+    )
     assert unsupported_reason(served) is None  # penalties are served exactly (penalties.py)
 
 
@@ -160,7 +203,7 @@ def test_cpu_binding_for_tp_ranks():
 
 
 def test_stage_clock_reports_each_stage_in_order():
-    from sglang_dflash.metrics import StageClock
+    from sglang_dflash.srt.metrics import StageClock
 
     clock = StageClock("cpu")
     for stage in ("draft", "verify", "kv_write"):

@@ -1,18 +1,19 @@
 """The drafter training recipe (sglang_dflash/train): prompts, serving-equivalent training forward,
 a tiny overfit run through features -> trainer -> export, and the export round trip."""
+
 import json
 import os
 
 import torch
 from safetensors.torch import load_file
 
-from sglang_dflash.attention import TorchBlockAttention
-from sglang_dflash.block import build_block
-from sglang_dflash.config import parse_drafter_config
-from sglang_dflash.draft import draft_block
-from sglang_dflash.draft_kv import DraftKVCache
+from sglang_dflash.pipeline.attention import TorchBlockAttention
+from sglang_dflash.pipeline.block import build_block
+from sglang_dflash.model.config import parse_drafter_config
+from sglang_dflash.testing.reference import draft_block
+from sglang_dflash.pipeline.context_kv import DraftKVCache
 from sglang_dflash.model.drafter import DFlashDrafter
-from sglang_dflash.projection import write_context
+from sglang_dflash.pipeline.context_kv import write_context
 from sglang_dflash.testing.tiny_models import tiny_model_cache
 from sglang_dflash.train import export, features, prompts, trainer
 from sglang_dflash.train.blocks import Seq, block_hidden
@@ -35,10 +36,21 @@ def test_prompts_deterministic_and_split_disjoint():
 
 
 def _tiny_drafter(block: int):
-    cfg = parse_drafter_config({
-        "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 8, "intermediate_size": 64, "vocab_size": 50, "block_size": block, "rope_theta": 1e4,
-        "dflash_config": {"mask_token_id": 49, "target_layer_ids": [0, 2]}}, 4)
+    cfg = parse_drafter_config(
+        {
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 8,
+            "intermediate_size": 64,
+            "vocab_size": 50,
+            "block_size": block,
+            "rope_theta": 1e4,
+            "dflash_config": {"mask_token_id": 49, "target_layer_ids": [0, 2]},
+        },
+        4,
+    )
     torch.manual_seed(0)
     model = DFlashDrafter(cfg).eval()
     for p in model.parameters():
@@ -53,8 +65,10 @@ def test_training_forward_equals_serving_per_anchor():
     model = _tiny_drafter(B)
     emb = torch.randn(50, 32)
     g = torch.Generator().manual_seed(1)
-    seqs = [Seq(f"s{i}", torch.randint(0, 49, (n,), generator=g), torch.randn(n, 64, generator=g), 4)
-            for i, n in enumerate([14, 21])]
+    seqs = [
+        Seq(f"s{i}", torch.randint(0, 49, (n,), generator=g), torch.randn(n, 64, generator=g), 4)
+        for i, n in enumerate([14, 21])
+    ]
     batch = [(seqs[0], torch.tensor([4, 7, 12])), (seqs[1], torch.tensor([5, 6, 15, 19]))]
     with torch.no_grad():
         hidden, targets = block_hidden(model, emb, 49, B, batch)  # [7, B-1, H], [7, B-1]
@@ -64,10 +78,10 @@ def test_training_forward_equals_serving_per_anchor():
         for p in anchors.tolist():
             cache = DraftKVCache(2, 64, 2, 8, torch.float32, "cpu")
             slots = torch.randperm(64, generator=g)
-            ctx_slots, blk_slots = slots[:p], slots[p:p + B]
+            ctx_slots, blk_slots = slots[:p], slots[p : p + B]
             write_context(model, cache, seq.feats[:p], torch.arange(p), ctx_slots)
-            ids, pos = build_block(seq.tokens[p:p + 1], torch.tensor([p]), B, 49)
-            attend = TorchBlockAttention(cache.k, cache.v, [torch.cat([ctx_slots, blk_slots])], blk_slots, 8 ** -0.5)
+            ids, pos = build_block(seq.tokens[p : p + 1], torch.tensor([p]), B, 49)
+            attend = TorchBlockAttention(cache.k, cache.v, [torch.cat([ctx_slots, blk_slots])], blk_slots, 8**-0.5)
             seen = []
             draft_block(model, attend, lambda t: emb[t], lambda h: seen.append(h @ emb.t()) or seen[-1], ids, pos)
             torch.testing.assert_close(train_logits[row], seen[0], atol=1e-4, rtol=1e-4)
@@ -84,8 +98,18 @@ def _tiny_workdir(tmp_path):
     with open(wd / "data.jsonl", "w") as f:
         for i in range(12):
             ans = [10 + (i + k) % 20 for k in range(40)] + [2]
-            f.write(json.dumps({"id": f"p{i}", "family": "arithmetic", "split": "heldout" if i == 0 else "train",
-                                "prompt_ids": [1, 5 + i, 6, 7], "answer_ids": ans}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": f"p{i}",
+                        "family": "arithmetic",
+                        "split": "heldout" if i == 0 else "train",
+                        "prompt_ids": [1, 5 + i, 6, 7],
+                        "answer_ids": ans,
+                    }
+                )
+                + "\n"
+            )
     return str(wd)
 
 
@@ -96,8 +120,20 @@ def test_tiny_overfit_and_export_round_trip(tmp_path):
     st = features.run(wd, target, num_context_layers=1, shard_size=5, dtype=torch.float32)
     assert st["sequences"] == 12
     assert features.run(wd, target, num_context_layers=1, shard_size=5)["sequences"] == 0  # resumable
-    out = trainer.run(wd, target, num_layers=1, block_size=4, steps=200, lr=1e-2, anchors=8, seqs=4,
-                      ckpt_minutes=100, resume=False, eval_anchors=40, command="test")
+    out = trainer.run(
+        wd,
+        target,
+        num_layers=1,
+        block_size=4,
+        steps=200,
+        lr=1e-2,
+        anchors=8,
+        seqs=4,
+        ckpt_minutes=100,
+        resume=False,
+        eval_anchors=40,
+        command="test",
+    )
     assert out["steps"] == 200 and out["loss_last"] < 0.5 * out["loss_first"], out
     assert out["best_tau"] > 1.5, out
     res = export.run(wd, target, str(tmp_path / "drafter"), command="test", eval_anchors=40)

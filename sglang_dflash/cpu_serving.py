@@ -7,13 +7,18 @@ prints the environment). Plain Python: runnable before the package is installed.
 OMP_NUM_THREADS=1: two spinning OpenMP threads on 2 cores make a small linear 100x slower.
 max_total_tokens: SGLang's default KV pool takes 70% of RAM.
 """
+
 from __future__ import annotations
 
 import os
 
 CPU_ENV = {"OMP_NUM_THREADS": "1", "SGLANG_USE_CPU_ENGINE": "1"}
-CPU_SETTINGS = {"device": "cpu", "attention_backend": "torch_native", "max_total_tokens": 16384,
-                "disable_cuda_graph": True}
+CPU_SETTINGS = {
+    "device": "cpu",
+    "attention_backend": "torch_native",
+    "max_total_tokens": 16384,
+    "disable_cuda_graph": True,
+}
 
 
 def set_cpu_env() -> None:

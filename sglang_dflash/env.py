@@ -4,6 +4,7 @@ Each is read when `.get()` is called (tests set them at run time). The README's 
 `python -m sglang_dflash.env`'s output; python_tests/test_single_sources.py checks the two agree.
 setup.py cannot import the package before it is built, so it reads BUILD_EXT and WERROR itself.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,9 @@ class EnvVar:
         if self.choices is not None:
             raw = raw.lower()
             if raw not in self.choices:
-                raise ValueError(f"{self.name}={raw!r}: expected one of {', '.join(self.choices)} "
-                                 f"(default {self.default})")
+                raise ValueError(
+                    f"{self.name}={raw!r}: expected one of {', '.join(self.choices)} (default {self.default})"
+                )
         return raw
 
     def table_row(self) -> str:
@@ -48,32 +50,56 @@ class EnvVar:
 
 
 # ---- serving ---------------------------------------------------------------------------------
-IMPL = EnvVar("SGLANG_DFLASH_IMPL", str, "ours",
-              "`builtin` hands DFLASH back to SGLang's built-in worker (GPU only)",
-              choices=("ours", "builtin"))
-MODEL_DIR = EnvVar("SGLANG_DFLASH_MODEL_DIR", str, "~/.cache/sglang_dflash/smollm2-135m-instruct",
-                   "where the embedded SmolLM2-135M-Instruct is derived (`embedded.py`)")
-REFERENCE_OPS = EnvVar("SGLANG_DFLASH_REFERENCE_OPS", bool, False,
-                       "1: register the torch reference ops even when the C++ extension is built")
-BUILD_EXT = EnvVar("SGLANG_DFLASH_BUILD_EXT", bool, True,
-                   "0: `pip install` skips the C++/CUDA extension (read by setup.py itself)")
-WERROR = EnvVar("SGLANG_DFLASH_WERROR", bool, False,
-                "1: build the extension with warnings as errors (`make install` and the build tests; "
-                "read by setup.py itself)")
-CPU_SHIMS_LOGGED = EnvVar("SGLANG_DFLASH_CPU_SHIMS_LOGGED", bool, False,
-                          "internal: set once the CPU `sgl_kernel` stand-in warning was shown")
+IMPL = EnvVar(
+    "SGLANG_DFLASH_IMPL",
+    str,
+    "ours",
+    "`builtin` hands DFLASH back to SGLang's built-in worker (GPU only)",
+    choices=("ours", "builtin"),
+)
+MODEL_DIR = EnvVar(
+    "SGLANG_DFLASH_MODEL_DIR",
+    str,
+    "~/.cache/sglang_dflash/smollm2-135m-instruct",
+    "where the embedded SmolLM2-135M-Instruct is derived (`embedded.py`)",
+)
+REFERENCE_OPS = EnvVar(
+    "SGLANG_DFLASH_REFERENCE_OPS",
+    bool,
+    False,
+    "1: register the torch reference ops even when the C++ extension is built",
+)
+BUILD_EXT = EnvVar(
+    "SGLANG_DFLASH_BUILD_EXT", bool, True, "0: `pip install` skips the C++/CUDA extension (read by setup.py itself)"
+)
+WERROR = EnvVar(
+    "SGLANG_DFLASH_WERROR",
+    bool,
+    False,
+    "1: build the extension with warnings as errors (`make install` and the build tests; read by setup.py itself)",
+)
+CPU_SHIMS_LOGGED = EnvVar(
+    "SGLANG_DFLASH_CPU_SHIMS_LOGGED", bool, False, "internal: set once the CPU `sgl_kernel` stand-in warning was shown"
+)
 
 # ---- debugging -------------------------------------------------------------------------------
-DEBUG_DUMP_DIR = EnvVar("SGLANG_DFLASH_DEBUG_DUMP_DIR", str, None,
-                        "debug: save each request's drafter context K/V after prefill here")
-DEBUG_FAIL_DRAFT_EVERY = EnvVar("SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY", int, 0,
-                                "fault injection: every Nth draft step raises (0: never)")
+DEBUG_DUMP_DIR = EnvVar(
+    "SGLANG_DFLASH_DEBUG_DUMP_DIR", str, None, "debug: save each request's drafter context K/V after prefill here"
+)
+DEBUG_FAIL_DRAFT_EVERY = EnvVar(
+    "SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY", int, 0, "fault injection: every Nth draft step raises (0: never)"
+)
 
 # ---- tests -----------------------------------------------------------------------------------
-TEST_CACHE = EnvVar("SGLANG_DFLASH_TEST_CACHE", str, "/tmp/sglang_dflash_test_models",
-                    "tests: where generated tiny models and pairs are cached")
-TEST_LOGS = EnvVar("SGLANG_DFLASH_TEST_LOGS", str, "/tmp/sglang_dflash_logs",
-                   "tests: where the test servers' logs are written")
+TEST_CACHE = EnvVar(
+    "SGLANG_DFLASH_TEST_CACHE",
+    str,
+    "/tmp/sglang_dflash_test_models",
+    "tests: where generated tiny models and pairs are cached",
+)
+TEST_LOGS = EnvVar(
+    "SGLANG_DFLASH_TEST_LOGS", str, "/tmp/sglang_dflash_logs", "tests: where the test servers' logs are written"
+)
 
 ALL = [v for v in list(globals().values()) if isinstance(v, EnvVar)]
 

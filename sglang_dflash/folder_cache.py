@@ -5,6 +5,7 @@ file inside (written last, so a folder built by an older, in-place builder count
 complete). A failing build leaves nothing behind; two processes building at once both finish and
 one rename wins. Used for the embedded model, the generated tiny models and test pairs.
 """
+
 from __future__ import annotations
 
 import json

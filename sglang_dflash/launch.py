@@ -8,6 +8,7 @@ On a machine with no GPU it adds the environment and flags of cpu_serving.py (OM
 SGLANG_USE_CPU_ENGINE=1, --device cpu, --attention-backend torch_native, --max-total-tokens 16384,
 --disable-cuda-graph).
 """
+
 from __future__ import annotations
 
 import os
@@ -79,10 +80,13 @@ def main(argv: list[str] | None = None) -> None:
             os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", cpu_binding(tp, os.cpu_count() or 1))
     print("sglang_dflash.launch: python -m sglang.launch_server " + " ".join(args), flush=True)
     host, port = _flag(args, "--host", "127.0.0.1"), _flag(args, "--port", "30000")
-    print(f"sglang_dflash.launch: serving at http://{host}:{port} once healthy; try:\n"
-          f"  curl -s http://{host}:{port}/v1/chat/completions -H 'Content-Type: application/json' "
-          "-d '{\"model\": \"default\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], "
-          "\"max_tokens\": 48, \"temperature\": 0}'", flush=True)
+    print(
+        f"sglang_dflash.launch: serving at http://{host}:{port} once healthy; try:\n"
+        f"  curl -s http://{host}:{port}/v1/chat/completions -H 'Content-Type: application/json' "
+        '-d \'{"model": "default", "messages": [{"role": "user", "content": "Hello"}], '
+        '"max_tokens": 48, "temperature": 0}\'',
+        flush=True,
+    )
     os.execvp(sys.executable, [sys.executable, "-m", "sglang.launch_server", *args])
 
 

@@ -6,6 +6,7 @@ Input lines: {"id": ..., "prompt": "..."} or {"id": ..., "messages": [...]}, opt
 overrides. Results are appended as each batch completes, so a rerun resumes by skipping ids already
 written; a malformed or failing line is written with an "error" field and never stops the run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,7 +82,7 @@ def main(argv=None):
     a = parse_args(argv)
     from tqdm import tqdm
 
-    from sglang_dflash.cpu_shims import install_cpu_shims
+    from sglang_dflash.srt.cpu_shims import install_cpu_shims
 
     install_cpu_shims()  # before sglang.Engine is touched (no-op where sgl_kernel loads)
     import sglang
@@ -89,14 +90,20 @@ def main(argv=None):
 
     done = done_ids(a.output)  # a torn last line is dropped: its job is redone
     jobs = list(read_jobs(a.input, done))
-    base = {"max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_p": a.top_p,
-            "top_k": a.top_k, **({"sampling_seed": a.seed} if a.seed is not None else {})}
+    base = {
+        "max_new_tokens": a.max_new_tokens,
+        "temperature": a.temperature,
+        "top_p": a.top_p,
+        "top_k": a.top_k,
+        **({"sampling_seed": a.seed} if a.seed is not None else {}),
+    }
     tok = AutoTokenizer.from_pretrained(a.model)
     engine = sglang.Engine(**engine_kwargs(a))
     stats = {"requests": 0, "errors": 0, "tokens": 0, "verify": 0, "skipped": len(done)}
     t0 = time.time()
     bar = tqdm(total=len(jobs), unit="req", desc="dflash")
     with append_rows(a.output) as write:
+
         def emit(rec):
             write(rec)
             stats["requests"] += 1
@@ -107,7 +114,7 @@ def main(argv=None):
             bar.set_postfix(tok_s=f"{stats['tokens'] / max(el, 1e-9):.1f}", tau=f"{tau:.2f}", errors=stats["errors"])
 
         for i in range(0, len(jobs), a.batch_size):
-            chunk = jobs[i: i + a.batch_size]
+            chunk = jobs[i : i + a.batch_size]
             for job, err, raw in chunk:
                 if err:
                     emit({"id": raw["id"], "error": err})
@@ -121,25 +128,35 @@ def main(argv=None):
     bar.close()
     engine.shutdown()
     wall = time.time() - t0
-    summary = {**stats, "tau": stats["tokens"] / max(stats["verify"], 1), "wall_s": round(wall, 2),
-               "tok_s": stats["tokens"] / max(wall, 1e-9)}
+    summary = {
+        **stats,
+        "tau": stats["tokens"] / max(stats["verify"], 1),
+        "wall_s": round(wall, 2),
+        "tok_s": stats["tokens"] / max(wall, 1e-9),
+    }
     print("summary:", json.dumps(summary), file=sys.stderr)
     return summary
 
 
 def run_batch(engine, tok, jobs, base, chat):
     """Generate a batch; if the batch fails, retry each job alone so one bad request fails alone."""
+
     def text_of(job):
         if "messages" in job:
             return tok.apply_chat_template(job["messages"], tokenize=False, add_generation_prompt=True)
         if chat:
-            return tok.apply_chat_template([{"role": "user", "content": job["prompt"]}], tokenize=False,
-                                           add_generation_prompt=True)
+            return tok.apply_chat_template(
+                [{"role": "user", "content": job["prompt"]}], tokenize=False, add_generation_prompt=True
+            )
         return job["prompt"]
 
     def one(job, o):
-        return {"text": o["text"], "output_tokens": o["meta_info"]["completion_tokens"],
-                "spec_accept_length": o["meta_info"].get("spec_accept_length"), "meta": o["meta_info"]}
+        return {
+            "text": o["text"],
+            "output_tokens": o["meta_info"]["completion_tokens"],
+            "spec_accept_length": o["meta_info"].get("spec_accept_length"),
+            "meta": o["meta_info"],
+        }
 
     try:
         prompts = [text_of(j) for j in jobs]

@@ -3,6 +3,7 @@
 Used by offline.py (results), train/datagen.py (answers) and train/features.py (reads datagen's
 file while datagen may still be appending to it).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -53,6 +54,7 @@ def done_ids(path: str, key: str = "id") -> set:
 def append_rows(path: str) -> Iterator[Callable[[dict], None]]:
     """`with append_rows(path) as write: write(row)`: each row is one line, flushed when written."""
     with open(path, "a") as f:
+
         def write(row: dict) -> None:
             f.write(json.dumps(row) + "\n")  # one write per row: a crash tears at most the last line
             f.flush()

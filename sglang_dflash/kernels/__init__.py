@@ -3,6 +3,7 @@
 `torch.ops.sglang_dflash.write_draft_kv` and `torch.ops.sglang_dflash.linear_verify_accept` exist
 after `load()`; the worker calls them on every device.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,10 +19,10 @@ logger = logging.getLogger("sglang_dflash")
 # extension is not built, to register the same ops over the torch references.
 SCHEMAS = {
     "write_draft_kv": "(Tensor k, Tensor v, Tensor k_norm_weight, Tensor cos_sin_cache, Tensor positions, "
-                      "Tensor slots, Tensor(a!) k_cache, Tensor(b!) v_cache, float eps, bool neox, "
-                      "float kv_scale) -> ()",
+    "Tensor slots, Tensor(a!) k_cache, Tensor(b!) v_cache, float eps, bool neox, "
+    "float kv_scale) -> ()",
     "linear_verify_accept": "(Tensor draft, Tensor target, Tensor prefix_lens, Tensor budget, Tensor stop_ids) "
-                            "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
 }
 
 _state = {"loaded": False, "backend": None}
@@ -44,8 +45,13 @@ def _register_fakes():
     @torch.library.register_fake("sglang_dflash::linear_verify_accept")
     def _(draft, target, prefix_lens, budget, stop_ids):
         bs = draft.shape[0]
-        return (draft.new_empty(bs), draft.new_empty(bs), draft.new_empty(bs), draft.new_empty(bs),
-                torch.empty_like(draft))
+        return (
+            draft.new_empty(bs),
+            draft.new_empty(bs),
+            draft.new_empty(bs),
+            draft.new_empty(bs),
+            torch.empty_like(draft),
+        )
 
 
 def load() -> str:

@@ -5,6 +5,7 @@ write_draft_kv: k_norm + RoPE on the context K of every drafter layer, then stor
 linear_verify_accept: longest matching prefix + bonus, cut by each request's token budget and
     stop tokens, in one call for the batch.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,10 +28,19 @@ def apply_rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: 
     return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
 
 
-def write_draft_kv_ref(k: torch.Tensor, v: torch.Tensor, k_norm_weight: torch.Tensor,
-                       cos_sin_cache: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                       k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float, neox: bool = True,
-                       kv_scale: float = 1.0) -> None:
+def write_draft_kv_ref(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    eps: float,
+    neox: bool = True,
+    kv_scale: float = 1.0,
+) -> None:
     """k, v [L, T, Hkv, D]; k_norm_weight [L, D]; cos_sin_cache [P, D]; positions, slots [T] int64;
     k_cache, v_cache [L, S, Hkv, D] (S = pages * page_size, any dtype incl. float8_e4m3fn), mutated.
     fp8 caches store value / kv_scale."""
@@ -40,11 +50,13 @@ def write_draft_kv_ref(k: torch.Tensor, v: torch.Tensor, k_norm_weight: torch.Te
     S, P = k_cache.shape[1], cos_sin_cache.shape[0]
     s_lo, s_hi, p_lo, p_hi = torch.stack([slots.min(), slots.max(), positions.min(), positions.max()]).tolist()
     if s_lo < 0 or s_hi >= S:
-        raise RuntimeError(f"write_draft_kv: slot {s_lo if s_lo < 0 else s_hi} out of range [0, {S}): "
-                           f"the KV pool has {S} slots")
+        raise RuntimeError(
+            f"write_draft_kv: slot {s_lo if s_lo < 0 else s_hi} out of range [0, {S}): the KV pool has {S} slots"
+        )
     if p_lo < 0 or p_hi >= P:
-        raise RuntimeError(f"write_draft_kv: position {p_lo if p_lo < 0 else p_hi} out of range [0, {P}): "
-                           f"cos_sin_cache has {P} rows")
+        raise RuntimeError(
+            f"write_draft_kv: position {p_lo if p_lo < 0 else p_hi} out of range [0, {P}): cos_sin_cache has {P} rows"
+        )
     kf = k.float()
     kf = kf * torch.rsqrt(kf.pow(2).mean(-1, keepdim=True) + eps) * k_norm_weight.float()[:, None, None, :]
     cs = cos_sin_cache[positions].float()
@@ -57,8 +69,9 @@ def write_draft_kv_ref(k: torch.Tensor, v: torch.Tensor, k_norm_weight: torch.Te
     v_cache[:, slots] = vf.to(v_cache.dtype)
 
 
-def linear_verify_accept_ref(draft: torch.Tensor, target: torch.Tensor, prefix_lens: torch.Tensor,
-                             budget: torch.Tensor, stop_ids: torch.Tensor):
+def linear_verify_accept_ref(
+    draft: torch.Tensor, target: torch.Tensor, prefix_lens: torch.Tensor, budget: torch.Tensor, stop_ids: torch.Tensor
+):
     """draft, target [bs, B] int64 (target[i, j] = the target's token after block position j);
     prefix_lens, budget [bs] int64 (budget = tokens the request may still emit, >= 1);
     stop_ids [bs, S] int64 padded with -1.

@@ -3,6 +3,7 @@
 Plain torch. The target's embedding and LM head are borrowed by the caller (see draft.py).
 Attention is delegated to a callable so the same layers run over the paged draft KV on any device.
 """
+
 from __future__ import annotations
 
 import functools
@@ -11,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from sglang_dflash.config import DrafterConfig
+from sglang_dflash.model.config import DrafterConfig
 from sglang_dflash.model.dynamic_conv import FINISH, PREPARE, DynamicConv
 from sglang_dflash.model.rope import apply_rope, rope_cos_sin, rope_table
 from sglang_dflash.model.selector import CandidateSelector
@@ -84,10 +85,13 @@ class DrafterLayer(nn.Module):
 
     def forward(self, x, cos, sin, attend, block: int | None = None):
         """x [N, H] rows in consecutive blocks of `block` (needed by DFlash 2's convolutions)."""
-        x = x + self._sublayer(self.input_layernorm(x), getattr(self, "attention_conv", None), block,
-                               lambda h: self.self_attn(h, cos, sin, attend))
-        return x + self._sublayer(self.post_attention_layernorm(x), getattr(self, "mlp_conv", None), block,
-                                  self.mlp)
+        x = x + self._sublayer(
+            self.input_layernorm(x),
+            getattr(self, "attention_conv", None),
+            block,
+            lambda h: self.self_attn(h, cos, sin, attend),
+        )
+        return x + self._sublayer(self.post_attention_layernorm(x), getattr(self, "mlp_conv", None), block, self.mlp)
 
     @staticmethod
     def _sublayer(h, conv, block, fn):
@@ -111,9 +115,14 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         d2 = cfg.dflash2
         if d2 is not None:  # DFlash 2: path selector over the top-k candidates per block position
-            self.candidate_selector = CandidateSelector(cfg.hidden_size, cfg.vocab_size, d2.selector_rank,
-                                                        d2.selector_top_k, d2.output_multiplier,
-                                                        d2.final_logit_softcapping)
+            self.candidate_selector = CandidateSelector(
+                cfg.hidden_size,
+                cfg.vocab_size,
+                d2.selector_rank,
+                d2.selector_top_k,
+                d2.output_multiplier,
+                d2.final_logit_softcapping,
+            )
 
     @property
     def selector(self) -> CandidateSelector | None:
@@ -135,8 +144,9 @@ class DFlashDrafter(nn.Module):
         """features [T, K*H] -> K before k_norm/RoPE, V: [L, T, kv_heads, head_dim] each, in one matmul."""
         ctx = self.project_features(features)
         if getattr(self, "_kv_weight", None) is None:  # weights are frozen: stack once
-            self._kv_weight = torch.cat([torch.cat([layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight])
-                                         for layer in self.layers])
+            self._kv_weight = torch.cat(
+                [torch.cat([layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight]) for layer in self.layers]
+            )
             self._k_norm_weight = torch.stack([layer.self_attn.k_norm.weight for layer in self.layers])
         c = self.cfg
         kv = (ctx @ self._kv_weight.t()).view(-1, c.num_layers, 2, c.num_kv_heads, c.head_dim)

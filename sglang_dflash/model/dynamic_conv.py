@@ -11,6 +11,7 @@ start: row i reads x[i - t] only when i - t lies in the same block (the anchor r
 rows of different requests (and different training blocks) never mix. Checkpoint weights:
 `layers.N.{attention,mlp}_conv.{base_kernel [2, taps, H], kernel_projection.weight [2*taps*H/group, H]}`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -47,18 +48,3 @@ class DynamicConv(nn.Module):
             valid = (pos_in_block >= t).to(x.dtype)[:, None]
             out = out + coef[:, t] * shifted * valid
         return out
-
-
-def conv_reference(x: torch.Tensor, base: torch.Tensor, delta: torch.Tensor, group: int, block: int) -> torch.Tensor:
-    """Plain-loop reference for one side: x [N, H]; base [taps, H]; delta [N, taps, H/group] -> [N, H]."""
-    n, h = x.shape
-    taps = base.shape[0]
-    out = torch.zeros_like(x)
-    for i in range(n):
-        for c in range(h):
-            acc = 0.0
-            for t in range(taps):
-                if i % block >= t:
-                    acc += (base[t, c] + delta[i, t, c // group]) * x[i - t, c]
-            out[i, c] = acc
-    return out

@@ -1,4 +1,5 @@
 """Load a z-lab DFlash checkpoint folder (config.json + *.safetensors) into DFlashDrafter."""
+
 from __future__ import annotations
 
 import glob
@@ -7,7 +8,7 @@ import os
 import torch
 from safetensors.torch import load_file
 
-from sglang_dflash.config import DrafterConfig, DrafterConfigError
+from sglang_dflash.model.config import DrafterConfig, DrafterConfigError
 from sglang_dflash.model.drafter import DFlashDrafter
 
 # Prefixes some exporters put in front of the z-lab names.
@@ -23,7 +24,7 @@ def read_state_dict(path: str) -> dict[str, torch.Tensor]:
         for k, v in load_file(f).items():
             for p in _STRIP_PREFIXES:
                 if k.startswith(p):
-                    k = k[len(p):]
+                    k = k[len(p) :]
             state[k] = v
     return state
 
@@ -36,16 +37,19 @@ def load_drafter(path: str, cfg: DrafterConfig, dtype: torch.dtype, device: str)
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))
     if missing:
-        raise DrafterConfigError(f"drafter checkpoint {path!r} is missing weights: {missing[:8]}"
-                                 f"{' ...' if len(missing) > 8 else ''}")
+        raise DrafterConfigError(
+            f"drafter checkpoint {path!r} is missing weights: {missing[:8]}{' ...' if len(missing) > 8 else ''}"
+        )
     if extra:
-        raise DrafterConfigError(f"drafter checkpoint {path!r} has unexpected weights: {extra[:8]}"
-                                 f"{' ...' if len(extra) > 8 else ''}")
+        raise DrafterConfigError(
+            f"drafter checkpoint {path!r} has unexpected weights: {extra[:8]}{' ...' if len(extra) > 8 else ''}"
+        )
     for name, param in expected.items():
         if tuple(state[name].shape) != tuple(param.shape):
             raise DrafterConfigError(
                 f"drafter weight '{name}' has shape {tuple(state[name].shape)}, config implies "
-                f"{tuple(param.shape)}; config.json and the weights disagree")
+                f"{tuple(param.shape)}; config.json and the weights disagree"
+            )
     model = model.to_empty(device=device)
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()})
     return model.to(dtype).eval().requires_grad_(False)

@@ -5,6 +5,7 @@ context's K (written by the fused op in projection.py) are rotated with identica
 The table is float32 whatever the model dtype: apply_rope rotates in float32, so one table serves
 bf16 and float32 drafters alike.
 """
+
 from __future__ import annotations
 
 import torch

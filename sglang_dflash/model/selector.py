@@ -11,6 +11,7 @@ with rank-r predecessor/successor codebooks A, B [V, r] and P = hidden_projectio
 The path walk (path.py) picks one candidate per slot from these scores. Checkpoint weights:
 `candidate_selector.{hidden_projection.weight [r, H], predecessor_codebook [V, r], successor_codebook [V, r]}`.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -20,8 +21,15 @@ import torch.nn as nn
 
 
 class CandidateSelector(nn.Module):
-    def __init__(self, hidden: int, vocab: int, rank: int, top_k: int, output_multiplier: float = 1.0,
-                 softcap: Optional[float] = None):
+    def __init__(
+        self,
+        hidden: int,
+        vocab: int,
+        rank: int,
+        top_k: int,
+        output_multiplier: float = 1.0,
+        softcap: Optional[float] = None,
+    ):
         super().__init__()
         self.top_k, self.output_multiplier, self.softcap = top_k, output_multiplier, softcap
         self.hidden_projection = nn.Linear(hidden, rank, bias=False)
@@ -35,8 +43,9 @@ class CandidateSelector(nn.Module):
             x = self.softcap * torch.tanh(x / self.softcap)
         return x.topk(min(self.top_k, x.shape[-1]), dim=-1)
 
-    def edges(self, anchor: torch.Tensor, cand_ids: torch.Tensor, values: torch.Tensor,
-              hidden: torch.Tensor) -> torch.Tensor:
+    def edges(
+        self, anchor: torch.Tensor, cand_ids: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor
+    ) -> torch.Tensor:
         """anchor [bs]; cand_ids, values [bs, P, K]; hidden [bs, P, H] (the slots' drafter hidden)
         -> edge scores [bs, P, K, K]: [b, j, a, c] = S_j(candidate a of slot j-1, candidate c of slot j).
         For slot 0 every predecessor row is the anchor."""

@@ -17,6 +17,7 @@ offline_walk() is the reference the server test compares with: blocks.walk_count
 serving-equivalent walk) over the target's greedy outputs, with the served drafter's own config
 (mask token, block size, target_layer_ids) loaded through the server's loader.
 """
+
 from __future__ import annotations
 
 import json
@@ -84,6 +85,7 @@ def make_target(src: str, dst: str, scale: float = LAYER_SCALE) -> str:
 @dataclass
 class Reference:
     """The target (HF, float32) and a drafter as the server loads them, for offline drafting."""
+
     target: object  # HF causal LM
     drafter: object  # DFlashDrafter, float32, eval
     embed: torch.Tensor  # [V, H] the target's input embedding (block tokens)
@@ -132,15 +134,23 @@ def offline_walk(ref: Reference, prompts: list[list[int]], outputs: list[list[in
     from the prefill, not from a verify step."""
     from sglang_dflash.train.blocks import walk_counts
 
-    counts = walk_counts(ref.drafter, ref.embed, ref.mask_token_id, block, sequences(ref, prompts, outputs),
-                         autocast=False, head=ref.head)
+    counts = walk_counts(
+        ref.drafter,
+        ref.embed,
+        ref.mask_token_id,
+        block,
+        sequences(ref, prompts, outputs),
+        autocast=False,
+        head=ref.head,
+    )
     return [{"steps": b, "tau": len(o) / max(b, 1)} for (_, b), o in zip(counts, outputs)]
 
 
-def train_drafter(target_path: str, out: str, *, block: int = BLOCK, layers: int = LAYERS, steps: int = STEPS,
-                  seed: int = SEED) -> dict:
+def train_drafter(
+    target_path: str, out: str, *, block: int = BLOCK, layers: int = LAYERS, steps: int = STEPS, seed: int = SEED
+) -> dict:
     """Train a drafter on the target's greedy answers to random prompts; write it (float32) to out."""
-    from sglang_dflash.config import parse_drafter_config
+    from sglang_dflash.model.config import parse_drafter_config
     from sglang_dflash.model.drafter import DFlashDrafter
     from sglang_dflash.testing.tiny_drafter import make_tiny_drafter
     from sglang_dflash.train.blocks import block_hidden, sample_anchors
@@ -181,12 +191,17 @@ def train_drafter(target_path: str, out: str, *, block: int = BLOCK, layers: int
         opt.step()
     state = {k: v.detach().float().contiguous() for k, v in drafter.state_dict().items()}
     save_file(state, os.path.join(out, "model.safetensors"))
-    return {"steps": steps, "loss": round(loss.item(), 3), "data_s": round(t_data, 1),
-            "train_s": round(time.time() - t0, 1)}
+    return {
+        "steps": steps,
+        "loss": round(loss.item(), 3),
+        "data_s": round(t_data, 1),
+        "train_s": round(time.time() - t0, 1),
+    }
 
 
 def make_context_pair(root: str) -> tuple[str, str]:
     """(target, drafter) paths, built once under root (also across processes) and reused."""
+
     def build(tmp: str) -> dict:
         target = make_target(str(tiny_model_cache(KIND, "float32", SEED)), os.path.join(tmp, "target"))
         info = train_drafter(target, os.path.join(tmp, "drafter"))

@@ -4,6 +4,7 @@ Independent of the serving path: no paged KV, no slot ids, no attention module. 
 concatenation [context; block], RoPE comes from the kernels' reference math, and the sliding
 window is masked from absolute positions. DFlash 1 layers only (no dynamic convolutions).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -17,11 +18,17 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     """x [T, heads, D]; pos [T] -> x rotated at pos (neox pairs), in x's dtype."""
     d = x.shape[-1]
     cs = rope_cos_sin_cache(int(pos.max()) + 1, d, theta, x.device)[pos]  # [T, D]: cos | sin
-    return apply_rope_ref(x.float(), cs[:, : d // 2], cs[:, d // 2:], neox=True).to(x.dtype)
+    return apply_rope_ref(x.float(), cs[:, : d // 2], cs[:, d // 2 :], neox=True).to(x.dtype)
 
 
-def dense_reference(model, feats: torch.Tensor, ctx_pos: torch.Tensor, x: torch.Tensor, blk_pos: torch.Tensor,
-                    windows: Sequence[Optional[int]] = ()) -> torch.Tensor:
+def dense_reference(
+    model,
+    feats: torch.Tensor,
+    ctx_pos: torch.Tensor,
+    x: torch.Tensor,
+    blk_pos: torch.Tensor,
+    windows: Sequence[Optional[int]] = (),
+) -> torch.Tensor:
     """feats [T, K*H] target features at ctx_pos [T]; x [B, H] embedded block at blk_pos [B]
     -> normed hidden [B, H].
 
@@ -37,11 +44,15 @@ def dense_reference(model, feats: torch.Tensor, ctx_pos: torch.Tensor, x: torch.
         a = layer.self_attn
         h = layer.input_layernorm(x)
         q = _rope(a.q_norm(a.q_proj(h).view(-1, hq, d)), blk_pos, cfg.rope_theta)
-        k = torch.cat([_rope(a.k_norm(a.k_proj(ctx).view(-1, hk, d)), ctx_pos, cfg.rope_theta),
-                       _rope(a.k_norm(a.k_proj(h).view(-1, hk, d)), blk_pos, cfg.rope_theta)])
+        k = torch.cat(
+            [
+                _rope(a.k_norm(a.k_proj(ctx).view(-1, hk, d)), ctx_pos, cfg.rope_theta),
+                _rope(a.k_norm(a.k_proj(h).view(-1, hk, d)), blk_pos, cfg.rope_theta),
+            ]
+        )
         v = torch.cat([a.v_proj(ctx), a.v_proj(h)]).view(-1, hk, d)
         k, v = k.repeat_interleave(hq // hk, 1), v.repeat_interleave(hq // hk, 1)
-        logits = torch.einsum("qhd,khd->hqk", q, k) / d ** 0.5  # [heads, B, T + B]
+        logits = torch.einsum("qhd,khd->hqk", q, k) / d**0.5  # [heads, B, T + B]
         window = windows[i] if i < len(windows) else None
         if window is not None:
             visible = in_block[None, :] | (key_pos[None, :] > blk_pos[:, None] - window)  # [B, T + B]

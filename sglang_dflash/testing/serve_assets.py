@@ -3,6 +3,7 @@
 A steered pair (see tiny_drafter.py) so the drafter is right part of the time and speculation is
 visible (tau > 1) without a trained drafter. Built once (folder_cache.py); reruns are instant.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,9 @@ from sglang_dflash.testing.tiny_models import tiny_model_cache
 MIXED_STRENGTH = 230.0  # target proposes the steer token ~2/3 of the time (measured)
 
 
-def build_pair(out_dir: str, kind: str = "llama", dtype: str = "float32", strength: float = MIXED_STRENGTH,
-               block_size: int = 16) -> tuple[str, str]:
+def build_pair(
+    out_dir: str, kind: str = "llama", dtype: str = "float32", strength: float = MIXED_STRENGTH, block_size: int = 16
+) -> tuple[str, str]:
     def build(tmp: str) -> None:
         target = steer_target(str(tiny_model_cache(kind, dtype)), os.path.join(tmp, "target"), strength)
         make_tiny_drafter(os.path.join(tmp, "drafter"), target, block_size=block_size, steer=True)

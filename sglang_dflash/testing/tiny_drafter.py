@@ -6,6 +6,7 @@ it), and the LM head reads channel `e` only for token STEER_TOKEN. The drafter a
 STEER_TOKEN; the target proposes it at every position when `strength` is large (forced
 acceptance) and only part of the time when `strength` is moderate (mixed acceptance lengths).
 """
+
 from __future__ import annotations
 
 import json
@@ -14,18 +15,28 @@ import os
 import torch
 from safetensors.torch import load_file, save_file
 
-from sglang_dflash.config import default_target_layer_ids
+from sglang_dflash.model.config import default_target_layer_ids
 
 STEER_TOKEN = 42
 STEER_CHANNEL = 0
 STEER_VALUE = 10.0
 
 
-def make_tiny_drafter(path: str, target_path: str, *, block_size: int = 16, num_layers: int = 2,
-                      target_layer_ids: list[int] | None = None, seed: int = 0, std: float = 0.02,
-                      mask_token_id: int | None = None, mask_token: str | None = None,
-                      steer: bool = False, extra_config: dict | None = None,
-                      dflash2: dict | None = None) -> str:
+def make_tiny_drafter(
+    path: str,
+    target_path: str,
+    *,
+    block_size: int = 16,
+    num_layers: int = 2,
+    target_layer_ids: list[int] | None = None,
+    seed: int = 0,
+    std: float = 0.02,
+    mask_token_id: int | None = None,
+    mask_token: str | None = None,
+    steer: bool = False,
+    extra_config: dict | None = None,
+    dflash2: dict | None = None,
+) -> str:
     """dflash2: e.g. {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8,
     "selector_top_k": 4} makes a DFlash 2 checkpoint (convolutions + candidate selector)."""
     with open(os.path.join(target_path, "config.json")) as f:
@@ -43,11 +54,21 @@ def make_tiny_drafter(path: str, target_path: str, *, block_size: int = 16, num_
     if mask_token is None:
         dflash["mask_token_id"] = vocab - 1 if mask_token_id is None else mask_token_id
     cfg = {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": h,
-        "num_hidden_layers": num_layers, "num_attention_heads": heads, "num_key_value_heads": kv,
-        "head_dim": d, "intermediate_size": inter, "vocab_size": vocab, "rms_norm_eps": 1e-6,
-        "rope_theta": t.get("rope_theta", 10000.0), "max_position_embeddings": 4096,
-        "block_size": block_size, "num_target_layers": L, "dflash_config": dflash,
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": h,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": d,
+        "intermediate_size": inter,
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": t.get("rope_theta", 10000.0),
+        "max_position_embeddings": 4096,
+        "block_size": block_size,
+        "num_target_layers": L,
+        "dflash_config": dflash,
         "torch_dtype": "float32",
     }
     if mask_token is not None:
@@ -58,14 +79,21 @@ def make_tiny_drafter(path: str, target_path: str, *, block_size: int = 16, num_
     w = {"fc.weight": rnd(h, len(ids) * h), "hidden_norm.weight": torch.ones(h), "norm.weight": torch.ones(h)}
     for i in range(num_layers):
         p = f"layers.{i}."
-        w.update({
-            p + "input_layernorm.weight": torch.ones(h), p + "post_attention_layernorm.weight": torch.ones(h),
-            p + "self_attn.q_proj.weight": rnd(heads * d, h), p + "self_attn.k_proj.weight": rnd(kv * d, h),
-            p + "self_attn.v_proj.weight": rnd(kv * d, h), p + "self_attn.o_proj.weight": rnd(h, heads * d),
-            p + "self_attn.q_norm.weight": torch.ones(d), p + "self_attn.k_norm.weight": torch.ones(d),
-            p + "mlp.gate_proj.weight": rnd(inter, h), p + "mlp.up_proj.weight": rnd(inter, h),
-            p + "mlp.down_proj.weight": rnd(h, inter),
-        })
+        w.update(
+            {
+                p + "input_layernorm.weight": torch.ones(h),
+                p + "post_attention_layernorm.weight": torch.ones(h),
+                p + "self_attn.q_proj.weight": rnd(heads * d, h),
+                p + "self_attn.k_proj.weight": rnd(kv * d, h),
+                p + "self_attn.v_proj.weight": rnd(kv * d, h),
+                p + "self_attn.o_proj.weight": rnd(h, heads * d),
+                p + "self_attn.q_norm.weight": torch.ones(d),
+                p + "self_attn.k_norm.weight": torch.ones(d),
+                p + "mlp.gate_proj.weight": rnd(inter, h),
+                p + "mlp.up_proj.weight": rnd(inter, h),
+                p + "mlp.down_proj.weight": rnd(h, inter),
+            }
+        )
         if steer:
             w[p + "self_attn.o_proj.weight"][STEER_CHANNEL] = 0
             w[p + "mlp.down_proj.weight"][STEER_CHANNEL] = 0

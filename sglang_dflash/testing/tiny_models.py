@@ -57,10 +57,7 @@ _WORDS = (
 
 def _corpus(seed: int = 0, n: int = 3000) -> list[str]:
     rng = random.Random(seed)
-    return [
-        " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 12))).capitalize() + "."
-        for _ in range(n)
-    ]
+    return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 12))).capitalize() + "." for _ in range(n)]
 
 
 def make_tokenizer(path: str | os.PathLike) -> None:
@@ -80,9 +77,7 @@ def make_tokenizer(path: str | os.PathLike) -> None:
     tok.train_from_iterator(_corpus(), trainer=trainer)
     assert tok.get_vocab_size() == VOCAB_SIZE
     assert [tok.token_to_id(t) for t in SPECIAL_TOKENS] == [PAD_ID, BOS_ID, EOS_ID]
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD)
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(path))
 
@@ -111,9 +106,7 @@ def _make(kind: str, path, dtype: str, seed: int) -> Path:
     model = model.to(getattr(torch, dtype))
     model.config.dtype = dtype
     model.save_pretrained(str(path))
-    GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID).save_pretrained(
-        str(path)
-    )
+    GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID).save_pretrained(str(path))
     make_tokenizer(path)
     return path
 
@@ -133,6 +126,7 @@ _MAKERS = {"llama": make_tiny_llama, "qwen3": make_tiny_qwen3}
 
 def tiny_model_cache(kind: str = "llama", dtype: str = "float32", seed: int = 0) -> Path:
     """Path of a cached tiny checkpoint under $SGLANG_DFLASH_TEST_CACHE, built once (folder_cache)."""
+
     def build(tmp: str) -> dict:
         _MAKERS[kind](tmp, dtype=dtype, seed=seed)
         return {"kind": kind, "dtype": dtype, "seed": seed}

@@ -7,6 +7,7 @@ python -m sglang_dflash.train {datagen,features,train,export} --workdir W [...]
 features and training, training stops at the deadline minus the export margin, and the best
 checkpoint (by held-out tau) is exported.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,9 @@ import shlex
 import sys
 import time
 
-DRAFTER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "drafters", "smollm2-135m-instruct-dflash")
+DRAFTER_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "drafters", "smollm2-135m-instruct-dflash"
+)
 
 
 def parse_deadline(s: str | None) -> float | None:
@@ -82,10 +84,22 @@ def main(argv=None):
         from sglang_dflash.train import trainer
 
         stop = deadline - a.export_margin_minutes * 60 if deadline else None
-        trainer.run(a.workdir, a.model, num_layers=a.num_layers, block_size=a.block_size, steps=a.steps,
-                    lr=a.lr, anchors=a.anchors, seqs=a.seqs, ckpt_minutes=a.ckpt_minutes, deadline=stop,
-                    negatives=a.negatives, gamma=a.gamma,
-                    resume=a.resume or a.stage == "all", command=cmd)
+        trainer.run(
+            a.workdir,
+            a.model,
+            num_layers=a.num_layers,
+            block_size=a.block_size,
+            steps=a.steps,
+            lr=a.lr,
+            anchors=a.anchors,
+            seqs=a.seqs,
+            ckpt_minutes=a.ckpt_minutes,
+            deadline=stop,
+            negatives=a.negatives,
+            gamma=a.gamma,
+            resume=a.resume or a.stage == "all",
+            command=cmd,
+        )
     if a.stage in ("all", "export"):
         from sglang_dflash.train import export
 

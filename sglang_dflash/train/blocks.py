@@ -4,6 +4,7 @@ Each anchor p gives a block [token_p, MASK x (B-1)] at positions p..p+B-1. Its q
 context rows [0, p) of its own sequence and the B rows of its own block, nothing else (a boolean
 attention mask), which is what TorchBlockAttention gives one request at serving time.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ def sample_anchors(seqs: list[Seq], n: int, block: int, g: torch.Generator, spre
         for s in seqs:
             cand = torch.arange(s.answer_start, s.tokens.shape[0] - 1)
             if cand.numel():
-                out.append((s, cand[(s.answer_start % step)::step] if cand.numel() > step else cand[:1]))
+                out.append((s, cand[(s.answer_start % step) :: step] if cand.numel() > step else cand[:1]))
         return out
     per = max(n // max(len(seqs), 1), 1)
     for s in seqs:
@@ -72,7 +73,7 @@ def block_hidden(drafter: DFlashDrafter, embed: torch.Tensor, mask_token_id: int
         k, v = drafter.context_kv(seq.feats[:ctx_len], torch.arange(ctx_len))  # [L, Tc, Hkv, D] each
         ids.append(i), pos.append(p), tgts.append(t), kvs.append((k, v))
         masks.append(block_mask(anchors, ctx_len, block)), sizes.append(i.numel())
-    scale = drafter.cfg.head_dim ** -0.5
+    scale = drafter.cfg.head_dim**-0.5
 
     def attend(layer: int, q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor) -> torch.Tensor:
         """q [N, H, D]; k_blk, v_blk [N, Hkv, D] -> [N, H, D]; N = all block rows of the batch."""
@@ -82,9 +83,14 @@ def block_hidden(drafter: DFlashDrafter, embed: torch.Tensor, mask_token_id: int
             start += n
             k = torch.cat([kc[layer].to(q.dtype), k_blk[r].to(q.dtype)])  # [Tc + n, Hkv, D]
             v = torch.cat([vc[layer].to(q.dtype), v_blk[r].to(q.dtype)])
-            o = F.scaled_dot_product_attention(q[r].transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                               v.transpose(0, 1)[None], attn_mask=mask, scale=scale,
-                                               enable_gqa=q.shape[1] != k.shape[1])
+            o = F.scaled_dot_product_attention(
+                q[r].transpose(0, 1)[None],
+                k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None],
+                attn_mask=mask,
+                scale=scale,
+                enable_gqa=q.shape[1] != k.shape[1],
+            )
             outs.append(o[0].transpose(0, 1))
         return torch.cat(outs)
 
@@ -95,13 +101,20 @@ def block_hidden(drafter: DFlashDrafter, embed: torch.Tensor, mask_token_id: int
 
 
 @torch.no_grad()
-def eval_tau(drafter: DFlashDrafter, embed: torch.Tensor, mask_token_id: int, block: int, eval_set,
-             chunk: int = 8, autocast: bool = True) -> float:
+def eval_tau(
+    drafter: DFlashDrafter,
+    embed: torch.Tensor,
+    mask_token_id: int,
+    block: int,
+    eval_set,
+    chunk: int = 8,
+    autocast: bool = True,
+) -> float:
     """Offline acceptance length: 1 + leading draft positions whose argmax (full vocab) equals the
     data token (the data is the target's greedy output), averaged over anchors."""
     total, count = 0.0, 0
     for i in range(0, len(eval_set), chunk):
-        part = eval_set[i: i + chunk]
+        part = eval_set[i : i + chunk]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             hidden, targets = block_hidden(drafter, embed, mask_token_id, block, part)
         ok = _accepted(hidden, targets, embed)
@@ -118,9 +131,16 @@ def _accepted(hidden: torch.Tensor, targets: torch.Tensor, embed: torch.Tensor) 
 
 
 @torch.no_grad()
-def walk_counts(drafter: DFlashDrafter, embed: torch.Tensor, mask_token_id: int, block: int, seqs: list[Seq],
-                max_answer: int | None = None, autocast: bool = True,
-                head: torch.Tensor | None = None) -> list[tuple[int, int]]:
+def walk_counts(
+    drafter: DFlashDrafter,
+    embed: torch.Tensor,
+    mask_token_id: int,
+    block: int,
+    seqs: list[Seq],
+    max_answer: int | None = None,
+    autocast: bool = True,
+    head: torch.Tensor | None = None,
+) -> list[tuple[int, int]]:
     """Walk each answer as greedy speculative decoding would (a block at the answer start, the next
     one after the accepted tokens + bonus) -> [(committed tokens, blocks)] per sequence (0, 0 when
     the answer has < 2 tokens). head [V, H]: an untied LM head (default: embed, the tied one)."""
@@ -145,8 +165,15 @@ def walk_counts(drafter: DFlashDrafter, embed: torch.Tensor, mask_token_id: int,
     return out
 
 
-def walk_tau(drafter: DFlashDrafter, embed: torch.Tensor, mask_token_id: int, block: int, seqs: list[Seq],
-             max_answer: int | None = None, autocast: bool = True) -> float:
+def walk_tau(
+    drafter: DFlashDrafter,
+    embed: torch.Tensor,
+    mask_token_id: int,
+    block: int,
+    seqs: list[Seq],
+    max_answer: int | None = None,
+    autocast: bool = True,
+) -> float:
     """Serving-equivalent tau: tokens / blocks over walk_counts. Lower than eval_tau, which weights
     every position equally and so over-counts easy stretches."""
     counts = walk_counts(drafter, embed, mask_token_id, block, seqs, max_answer, autocast)

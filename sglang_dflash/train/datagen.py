@@ -7,6 +7,7 @@ Plain decoding (no speculation), temperature 0. Writes W/data.jsonl, one line pe
 final <|im_end|> included when the model stopped). Resumable: ids already in the file are skipped.
 On CPU the Engine runs with the settings of sglang_dflash/cpu_serving.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ from sglang_dflash.train.prompts import generate
 def make_engine(model: str, dtype: str, max_total_tokens: int):
     import torch
 
-    from sglang_dflash.cpu_shims import install_cpu_shims
+    from sglang_dflash.srt.cpu_shims import install_cpu_shims
 
     install_cpu_shims()  # before sglang.Engine imports sgl_kernel
     import sglang
@@ -35,8 +36,17 @@ def make_engine(model: str, dtype: str, max_total_tokens: int):
     return sglang.Engine(**kw)
 
 
-def run(workdir: str, model: str, n: int, seed: int = 0, batch_size: int = 64, max_new_tokens: int = 224,
-        dtype: str = "bfloat16", deadline: float | None = None, max_total_tokens: int = 32768) -> dict:
+def run(
+    workdir: str,
+    model: str,
+    n: int,
+    seed: int = 0,
+    batch_size: int = 64,
+    max_new_tokens: int = 224,
+    dtype: str = "bfloat16",
+    deadline: float | None = None,
+    max_total_tokens: int = 32768,
+) -> dict:
     """Generate answers for the first n prompts; stop starting new batches after `deadline` (epoch s)."""
     from tqdm import tqdm
     from transformers import AutoTokenizer
@@ -58,15 +68,19 @@ def run(workdir: str, model: str, n: int, seed: int = 0, batch_size: int = 64, m
             if deadline and time.time() > deadline:
                 print(f"datagen: deadline reached after {stats['written']} sequences", file=sys.stderr)
                 break
-            chunk = todo[i: i + batch_size]
-            ids = [tok.apply_chat_template(p["messages"], tokenize=True, add_generation_prompt=True)
-                   for p in chunk]
+            chunk = todo[i : i + batch_size]
+            ids = [tok.apply_chat_template(p["messages"], tokenize=True, add_generation_prompt=True) for p in chunk]
             ids = [list(x["input_ids"]) if isinstance(x, dict) or hasattr(x, "keys") else list(x) for x in ids]
             res = eng.generate(input_ids=ids, sampling_params=sp)
             for p, pid, o in zip(chunk, ids, res):
-                rec = {"id": p["id"], "family": p["family"], "split": p["split"], "prompt_ids": pid,
-                       "answer_ids": list(o["output_ids"]),
-                       "finish": (o["meta_info"].get("finish_reason") or {}).get("type")}
+                rec = {
+                    "id": p["id"],
+                    "family": p["family"],
+                    "split": p["split"],
+                    "prompt_ids": pid,
+                    "answer_ids": list(o["output_ids"]),
+                    "finish": (o["meta_info"].get("finish_reason") or {}).get("type"),
+                }
                 write(rec)
                 stats["tokens"] += len(rec["answer_ids"])
             stats["written"] += len(chunk)

@@ -5,6 +5,7 @@ num_target_layers, dflash_config {mask_token_id, target_layer_ids}), OUT/model.s
 and OUT/README.md (the card). Then reloads OUT through sglang_dflash.model.loader, checks it
 against the target, and recomputes the held-out tau with the loaded weights.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,17 +21,19 @@ def write_checkpoint(out: str, config: dict, state: dict[str, torch.Tensor]) -> 
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump({**config, "torch_dtype": "bfloat16"}, f, indent=1)
-    save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in state.items()},
-              os.path.join(out, "model.safetensors"))
+    save_file(
+        {k: v.detach().to(torch.bfloat16).contiguous() for k, v in state.items()},
+        os.path.join(out, "model.safetensors"),
+    )
     os.chmod(os.path.join(out, "model.safetensors"), 0o644)
     return out
 
 
 def load_exported(out: str, model: str, dtype=torch.bfloat16):
     """The exported folder through the server's own loader and start-up checks."""
-    from sglang_dflash.config import check_against_target, load_drafter_config
+    from sglang_dflash.model.config import check_against_target, load_drafter_config
     from sglang_dflash.model.loader import load_drafter
-    from sglang_dflash.startup import resolve_mask_token_id
+    from sglang_dflash.model.mask_token import resolve_mask_token_id
 
     with open(os.path.join(model, "config.json")) as f:
         t = json.load(f)
@@ -99,8 +102,15 @@ The training command of this run:
 """
 
 
-def run(workdir: str, model: str, out: str, command: str = "", eval_anchors: int = 600,
-        seed: int = 0, max_new_tokens: int = 224) -> dict:
+def run(
+    workdir: str,
+    model: str,
+    out: str,
+    command: str = "",
+    eval_anchors: int = 600,
+    seed: int = 0,
+    max_new_tokens: int = 224,
+) -> dict:
     from sglang_dflash.train.blocks import eval_tau, sample_anchors, walk_tau
     from sglang_dflash.train.trainer import load_embedding, load_seqs
 
@@ -123,21 +133,47 @@ def run(workdir: str, model: str, out: str, command: str = "", eval_anchors: int
     st = ck["state"]
     hist = ", ".join(f"step {h['step']}: {h['tau']:.3f}" for h in st.get("history", summ.get("history", [])))
     card = CARD.format(
-        block=dcfg.block_size, layers=dcfg.num_layers, hidden=dcfg.hidden_size, ids=dcfg.target_layer_ids,
-        params=sum(p.numel() for p in drafter.parameters()) / 1e6, mask=mask, seqs=ds["sequences"], seed=seed,
-        families=ds["families"], max_new=max_new_tokens, prompt_tok=ds["prompt_tokens"],
-        answer_tok=ds["answer_tokens"], heldout=ds["heldout"], bm1=dcfg.block_size - 1, gamma=summ.get("gamma", 7.0),
-        steps=st["step"], anchors=summ.get("anchors_per_step", 128), train_min=st["train_s"] / 60,
+        block=dcfg.block_size,
+        layers=dcfg.num_layers,
+        hidden=dcfg.hidden_size,
+        ids=dcfg.target_layer_ids,
+        params=sum(p.numel() for p in drafter.parameters()) / 1e6,
+        mask=mask,
+        seqs=ds["sequences"],
+        seed=seed,
+        families=ds["families"],
+        max_new=max_new_tokens,
+        prompt_tok=ds["prompt_tokens"],
+        answer_tok=ds["answer_tokens"],
+        heldout=ds["heldout"],
+        bm1=dcfg.block_size - 1,
+        gamma=summ.get("gamma", 7.0),
+        steps=st["step"],
+        anchors=summ.get("anchors_per_step", 128),
+        train_min=st["train_s"] / 60,
         rate=f" ({summ['tok_s']:.0f} block tokens/s)" if summ.get("tok_s") else "",
-        eval_n=sum(a.numel() for _, a in eval_set), tau=ck["tau"],
-        tau_export=tau, walk=walk, walk128=walk128, history=hist or "n/a", command=summ.get("command") or command)
+        eval_n=sum(a.numel() for _, a in eval_set),
+        tau=ck["tau"],
+        tau_export=tau,
+        walk=walk,
+        walk128=walk128,
+        history=hist or "n/a",
+        command=summ.get("command") or command,
+    )
     notes = os.path.join(workdir, "run_notes.md")  # free-form notes about this run, if any
     if os.path.exists(notes):
         with open(notes) as f:
             card += "\n## Run notes\n" + f.read()
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write(card)
-    res = {"out": out, "step": st["step"], "tau_train": ck["tau"], "tau_export": tau, "walk_tau": walk,
-           "walk_tau_128": walk128, **ds}
+    res = {
+        "out": out,
+        "step": st["step"],
+        "tau_train": ck["tau"],
+        "tau_export": tau,
+        "walk_tau": walk,
+        "walk_tau_128": walk128,
+        **ds,
+    }
     print("export:", json.dumps(res), file=sys.stderr)
     return res

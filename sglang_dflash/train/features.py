@@ -4,9 +4,10 @@ Reads W/data.jsonl, runs the target (HF transformers, `output_hidden_states=True
 answer one sequence at a time (no padding), and writes W/features/shard_NNNNN.pt:
 {"ids": [str], "split": [str], "offsets": int64 [n+1], "answer_start": int64 [n],
  "tokens": int64 [sum T], "feats": bf16 [sum T, K*H]} (rows of sequence i: offsets[i]:offsets[i+1]).
-The layer-id convention comes from sglang_dflash.config only. Resumable: ids already in a shard are
+The layer-id convention comes from sglang_dflash.model.config only. Resumable: ids already in a shard are
 skipped; with follow_pid it keeps polling data.jsonl while that (datagen) process is alive.
 """
+
 from __future__ import annotations
 
 import glob
@@ -17,7 +18,7 @@ import time
 
 import torch
 
-from sglang_dflash.config import default_target_layer_ids, hf_hidden_state_index
+from sglang_dflash.model.config import default_target_layer_ids, hf_hidden_state_index
 from sglang_dflash.resumable_jsonl import read_rows
 
 
@@ -62,11 +63,14 @@ def read_new(path: str, done: set) -> list[dict]:
 def write_shard(fdir: str, recs: list[dict], feats: list[torch.Tensor]) -> str:
     n = len(glob.glob(os.path.join(fdir, "shard_*.pt")))
     lens = [f.shape[0] for f in feats]
-    shard = {"ids": [r["id"] for r in recs], "split": [r["split"] for r in recs],
-             "offsets": torch.tensor([0] + lens).cumsum(0),
-             "answer_start": torch.tensor([len(r["prompt_ids"]) for r in recs]),
-             "tokens": torch.tensor([t for r in recs for t in r["prompt_ids"] + r["answer_ids"]]),
-             "feats": torch.cat(feats).to(torch.bfloat16)}
+    shard = {
+        "ids": [r["id"] for r in recs],
+        "split": [r["split"] for r in recs],
+        "offsets": torch.tensor([0] + lens).cumsum(0),
+        "answer_start": torch.tensor([len(r["prompt_ids"]) for r in recs]),
+        "tokens": torch.tensor([t for r in recs for t in r["prompt_ids"] + r["answer_ids"]]),
+        "feats": torch.cat(feats).to(torch.bfloat16),
+    }
     path = os.path.join(fdir, f"shard_{n:05d}.pt")
     torch.save(shard, path + ".tmp")
     os.replace(path + ".tmp", path)
@@ -83,8 +87,14 @@ def alive(pid: int | None) -> bool:
         return False
 
 
-def run(workdir: str, model: str, num_context_layers: int = 3, shard_size: int = 128,
-        follow_pid: int | None = None, dtype=torch.bfloat16) -> dict:
+def run(
+    workdir: str,
+    model: str,
+    num_context_layers: int = 3,
+    shard_size: int = 128,
+    follow_pid: int | None = None,
+    dtype=torch.bfloat16,
+) -> dict:
     fdir = os.path.join(workdir, "features")
     os.makedirs(fdir, exist_ok=True)
     ids = layer_ids_for(model, num_context_layers)
@@ -104,18 +114,20 @@ def run(workdir: str, model: str, num_context_layers: int = 3, shard_size: int =
         if not new:
             break
         for i in range(0, len(new), shard_size):
-            chunk = new[i: i + shard_size]
+            chunk = new[i : i + shard_size]
             if following and len(chunk) < shard_size:
                 break
-            feats = [sequence_features(target, torch.tensor(r["prompt_ids"] + r["answer_ids"]), ids)
-                     for r in chunk]
+            feats = [sequence_features(target, torch.tensor(r["prompt_ids"] + r["answer_ids"]), ids) for r in chunk]
             write_shard(fdir, chunk, feats)
             done.update(r["id"] for r in chunk)
             stats["sequences"] += len(chunk)
             stats["tokens"] += sum(f.shape[0] for f in feats)
             el = time.time() - t0
-            print(f"features: {stats['sequences']} seqs, {stats['tokens']} tokens, "
-                  f"{stats['tokens'] / el:.0f} tok/s", file=sys.stderr, flush=True)
+            print(
+                f"features: {stats['sequences']} seqs, {stats['tokens']} tokens, {stats['tokens'] / el:.0f} tok/s",
+                file=sys.stderr,
+                flush=True,
+            )
     stats["wall_s"] = round(time.time() - t0, 1)
     print("features:", json.dumps(stats), file=sys.stderr)
     return stats

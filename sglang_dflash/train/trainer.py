@@ -8,6 +8,7 @@ through the same DFlashDrafter.forward the server runs. Logits come from the tar
 embedding over block rows 1..B-1; cross-entropy against tokens p+1..p+B-1 weighted
 exp(-(k-1)/gamma). The held-out metric is offline tau (blocks.offline_tau).
 """
+
 from __future__ import annotations
 
 import glob
@@ -20,24 +21,33 @@ import time
 import torch
 import torch.nn.functional as F
 
-from sglang_dflash.config import parse_drafter_config
+from sglang_dflash.model.config import parse_drafter_config
 from sglang_dflash.model.drafter import DFlashDrafter
 from sglang_dflash.train.blocks import Seq, block_hidden, eval_tau, sample_anchors
 
 
-def drafter_config_dict(target_cfg: dict, num_layers: int, block_size: int, layer_ids: list[int],
-                        mask_token_id: int) -> dict:
+def drafter_config_dict(
+    target_cfg: dict, num_layers: int, block_size: int, layer_ids: list[int], mask_token_id: int
+) -> dict:
     """A z-lab style config.json for a drafter shaped like the target's layers."""
     t = target_cfg
     return {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": t["hidden_size"],
-        "num_hidden_layers": num_layers, "num_attention_heads": t["num_attention_heads"],
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": t["hidden_size"],
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": t["num_attention_heads"],
         "num_key_value_heads": t["num_key_value_heads"],
         "head_dim": t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"],
-        "intermediate_size": t["intermediate_size"], "vocab_size": t["vocab_size"],
-        "rms_norm_eps": 1e-6, "rope_theta": t.get("rope_theta", 10000.0), "hidden_act": "silu",
-        "max_position_embeddings": t.get("max_position_embeddings", 8192), "tie_word_embeddings": False,
-        "block_size": block_size, "num_target_layers": t["num_hidden_layers"],
+        "intermediate_size": t["intermediate_size"],
+        "vocab_size": t["vocab_size"],
+        "rms_norm_eps": 1e-6,
+        "rope_theta": t.get("rope_theta", 10000.0),
+        "hidden_act": "silu",
+        "max_position_embeddings": t.get("max_position_embeddings", 8192),
+        "tie_word_embeddings": False,
+        "block_size": block_size,
+        "num_target_layers": t["num_hidden_layers"],
         "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": layer_ids},
         "torch_dtype": "bfloat16",
     }
@@ -77,7 +87,7 @@ def load_seqs(workdir: str) -> tuple[list[Seq], list[Seq]]:
         s = torch.load(f)
         o = s["offsets"].tolist()
         for i, sid in enumerate(s["ids"]):
-            seq = Seq(sid, s["tokens"][o[i]:o[i + 1]], s["feats"][o[i]:o[i + 1]], int(s["answer_start"][i]))
+            seq = Seq(sid, s["tokens"][o[i] : o[i + 1]], s["feats"][o[i] : o[i + 1]], int(s["answer_start"][i]))
             (held if s["split"][i] == "heldout" else train).append(seq)
     return train, held
 
@@ -92,10 +102,25 @@ def save(path: str, **state):
     os.replace(path + ".tmp", path)
 
 
-def run(workdir: str, model: str, *, num_layers: int = 2, block_size: int = 16, steps: int = 100000,
-        lr: float = 2e-3, anchors: int = 8, seqs: int = 16, ckpt_minutes: float = 3.0,
-        deadline: float | None = None, resume: bool = True, command: str = "", gamma: float = 4.0,
-        eval_anchors: int = 600, seed: int = 0, negatives: int = 8192) -> dict:
+def run(
+    workdir: str,
+    model: str,
+    *,
+    num_layers: int = 2,
+    block_size: int = 16,
+    steps: int = 100000,
+    lr: float = 2e-3,
+    anchors: int = 8,
+    seqs: int = 16,
+    ckpt_minutes: float = 3.0,
+    deadline: float | None = None,
+    resume: bool = True,
+    command: str = "",
+    gamma: float = 4.0,
+    eval_anchors: int = 600,
+    seed: int = 0,
+    negatives: int = 8192,
+) -> dict:
     """Train until `steps` or `deadline` (epoch s), checkpointing every ckpt_minutes (held-out tau each
     time; best.pt keeps the best). anchors per sequence x seqs sequences per step. On SmolLM2, moving
     from 4 x 32 (lr 1e-3, gamma 7) to 16 x 8 (lr 2e-3, gamma 4) took held-out tau from 1.11 to 1.8 in
@@ -121,7 +146,7 @@ def run(workdir: str, model: str, *, num_layers: int = 2, block_size: int = 16, 
     embed = load_embedding(model)  # [V, H] bf16, frozen
     train, held = load_seqs(workdir)
     train = [s for s in train if s.tokens.shape[0] - s.answer_start >= 2]
-    vocab = torch.unique(torch.cat([s.tokens[s.answer_start:] for s in train]))  # trained vocab subset
+    vocab = torch.unique(torch.cat([s.tokens[s.answer_start :] for s in train]))  # trained vocab subset
     comp = torch.ones(embed.shape[0], dtype=torch.bool)
     comp[vocab] = False
     comp = comp.nonzero().squeeze(1)  # tokens never in a train answer: sampled as extra negatives
@@ -144,10 +169,14 @@ def run(workdir: str, model: str, *, num_layers: int = 2, block_size: int = 16, 
     eval_set = sample_anchors(held, eval_anchors, block_size, torch.Generator().manual_seed(1234), spread=True)
     weights = torch.exp(-torch.arange(block_size - 1, dtype=torch.float32) / gamma)  # [B-1]
     n_params = sum(p.numel() for p in drafter.parameters()) / 1e6
-    print(f"reproduce: {command}\ntrainer: {len(train)} train / {len(held)} held-out seqs, "
-          f"{sum(s.tokens.shape[0] - s.answer_start for s in train)} train answer tokens, vocab subset "
-          f"{vocab.numel()} + {min(negatives, comp.numel())} sampled negatives, drafter {n_params:.2f}M params, "
-          f"target_layer_ids {layer_ids}, mask {cdict['dflash_config']['mask_token_id']}", file=sys.stderr, flush=True)
+    print(
+        f"reproduce: {command}\ntrainer: {len(train)} train / {len(held)} held-out seqs, "
+        f"{sum(s.tokens.shape[0] - s.answer_start for s in train)} train answer tokens, vocab subset "
+        f"{vocab.numel()} + {min(negatives, comp.numel())} sampled negatives, drafter {n_params:.2f}M params, "
+        f"target_layer_ids {layer_ids}, mask {cdict['dflash_config']['mask_token_id']}",
+        file=sys.stderr,
+        flush=True,
+    )
 
     def checkpoint():
         drafter.eval()
@@ -192,20 +221,38 @@ def run(workdir: str, model: str, *, num_layers: int = 2, block_size: int = 16, 
         tokens += int((tgt >= 0).sum())
         losses.append(loss.item())
         bar.update(1)
-        acc = ((logits[:, 0].argmax(-1) == tgt[:, 0]).float().mean())
-        bar.set_postfix(loss=f"{loss.item():.3f}", acc1=f"{acc:.2f}", tok_s=f"{tokens / (time.time() - t0):.0f}",
-                        refresh=False)
+        acc = (logits[:, 0].argmax(-1) == tgt[:, 0]).float().mean()
+        bar.set_postfix(
+            loss=f"{loss.item():.3f}", acc1=f"{acc:.2f}", tok_s=f"{tokens / (time.time() - t0):.0f}", refresh=False
+        )
         if time.time() - t_ck > ckpt_minutes * 60:
             checkpoint()
             t_ck = time.time()
     bar.close()
     checkpoint()
     first, final = losses[:5] or [0.0], losses[-5:] or [0.0]
-    out = {"steps": st["step"], "train_s": round(st["train_s"], 1), "best_tau": st["best_tau"],
-           "tok_s": round(tokens / max(time.time() - t0, 1e-9), 1),
-           "loss_first": sum(first) / len(first), "loss_last": sum(final) / len(final)}
+    out = {
+        "steps": st["step"],
+        "train_s": round(st["train_s"], 1),
+        "best_tau": st["best_tau"],
+        "tok_s": round(tokens / max(time.time() - t0, 1e-9), 1),
+        "loss_first": sum(first) / len(first),
+        "loss_last": sum(final) / len(final),
+    }
     with open(os.path.join(workdir, "train_summary.json"), "w") as f:
-        json.dump({**out, "anchors_per_step": anchors * seqs, "train_seqs": len(train), "heldout_seqs": len(held),
-                   "gamma": gamma, "lr": lr, "command": command, "history": st["history"]}, f, indent=1)
+        json.dump(
+            {
+                **out,
+                "anchors_per_step": anchors * seqs,
+                "train_seqs": len(train),
+                "heldout_seqs": len(held),
+                "gamma": gamma,
+                "lr": lr,
+                "command": command,
+                "history": st["history"],
+            },
+            f,
+            indent=1,
+        )
     print("trainer:", json.dumps(out), file=sys.stderr)
     return out

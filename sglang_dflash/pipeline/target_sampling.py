@@ -12,6 +12,7 @@ accepts while draft[i, j + 1] == target_tokens[i, j]. Losslessness per rule:
   The last row (bonus) is a plain sample from p.
 Penalties are applied to the logits before this stage (penalties.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,10 +20,9 @@ from typing import Optional
 
 import torch
 
-from sglang_dflash.draft import Proposal
+from sglang_dflash.pipeline.draft import Proposal
 
-# Noise streams for seeded requests (keyed by (seed, output position, stream)).
-TARGET, ACCEPT, RESIDUAL, WALK = 0, 1, 2, 3
+from sglang_dflash.pipeline.noise import ACCEPT, RESIDUAL, TARGET, exponential
 
 
 @dataclass
@@ -37,8 +37,9 @@ class SamplingRows:
     offsets: Optional[list] = None  # [bs] output position of block row 0
 
 
-def target_tokens(logits: torch.Tensor, block: int, sampling: Optional[SamplingRows] = None,
-                  proposal: Optional[Proposal] = None) -> torch.Tensor:
+def target_tokens(
+    logits: torch.Tensor, block: int, sampling: Optional[SamplingRows] = None, proposal: Optional[Proposal] = None
+) -> torch.Tensor:
     """logits [bs*B, V] -> the target's token after every block position [bs, B] int64.
 
     sampling None: every row greedy. sampling.seeds[i] makes request i reproducible: the noise at
@@ -57,15 +58,17 @@ def target_tokens(logits: torch.Tensor, block: int, sampling: Optional[SamplingR
         return greedy
     rep = lambda t: t.reshape(-1).repeat_interleave(block)  # noqa: E731  [bs] -> [bs*B]
     probs = torch.softmax(logits.float() / rep(temps.clamp_min(1e-6))[:, None], dim=-1)
-    probs = _filter(probs, rep(top_ks_), rep(top_ps) if top_ps is not None else None,
-                    rep(min_ps) if min_ps is not None else None)
+    probs = _filter(
+        probs, rep(top_ks_), rep(top_ps) if top_ps is not None else None, rep(min_ps) if min_ps is not None else None
+    )
     # Exponential race: argmax(p / E), E ~ Exp(1), draws exactly from p (like multinomial) and lets
     # seeded rows bring their own noise.
     sampled = race(probs, exponential(bs, block, probs.shape[1], seeds, offsets, TARGET, probs.device))
     sampled = sampled.view(bs, block)
     if proposal is not None and proposal.q is not None:
-        sampled = _rejection(probs.view(bs, block, -1), sampled, proposal.tokens, proposal.cand_ids, proposal.q,
-                             seeds, offsets)
+        sampled = _rejection(
+            probs.view(bs, block, -1), sampled, proposal.tokens, proposal.cand_ids, proposal.q, seeds, offsets
+        )
     return torch.where(is_greedy[:, None], greedy, sampled)
 
 
@@ -81,8 +84,9 @@ def _rejection(probs, sampled, draft, cand_ids, q, seeds, offsets):
     residual = (probs[:, :-1] - q_dense).clamp_min(0)
     empty = residual.sum(-1, keepdim=True) <= 0  # p == q: never rejected in exact arithmetic
     residual = torch.where(empty, probs[:, :-1], residual)
-    redraw = race(residual.reshape(-1, vocab),
-                  exponential(bs, block - 1, vocab, seeds, offsets, RESIDUAL, probs.device)).view(bs, block - 1)
+    redraw = race(
+        residual.reshape(-1, vocab), exponential(bs, block - 1, vocab, seeds, offsets, RESIDUAL, probs.device)
+    ).view(bs, block - 1)
     out = sampled.clone()
     out[:, :-1] = torch.where(accept, x.squeeze(2), redraw)
     return out
@@ -91,22 +95,6 @@ def _rejection(probs, sampled, draft, cand_ids, q, seeds, offsets):
 def race(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """weights [N, V] >= 0 (unnormalized ok); noise Exp(1) [N, V] (or [bs, B, V]) -> [N] draws."""
     return (weights / noise.reshape(weights.shape)).argmax(dim=-1)
-
-
-def exponential(bs: int, block: int, width: int, seeds: Optional[list], offsets: Optional[list],
-                stream: int, device) -> torch.Tensor:
-    """Exp(1) noise [bs, block, width]; rows of seeded requests come from (seed, position, stream)."""
-    noise = torch.empty(bs, block, width, device=device).exponential_()
-    for i, seed in enumerate(seeds or ()):
-        if seed is not None:
-            for j in range(block):
-                g = torch.Generator().manual_seed(_mix(int(seed), int(offsets[i]) + j, stream))
-                noise[i, j] = torch.empty(width).exponential_(generator=g).to(device)
-    return noise
-
-
-def _mix(seed: int, position: int, stream: int = 0) -> int:
-    return (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + stream * 0x94D049BB133111EB) % (1 << 63)
 
 
 def _filter(probs: torch.Tensor, top_ks: torch.Tensor, top_ps, min_ps) -> torch.Tensor:

@@ -1,4 +1,5 @@
 """Test harness: start one real SGLang server at a time, send requests, compare with plain decoding."""
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -36,8 +37,10 @@ class Server:
             return f.read()
 
     def generate(self, input_ids, max_new_tokens=32, timeout=600, **sampling):
-        body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0,
-                                                             **sampling}}
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, **sampling},
+        }
         r = requests.post(self.url + "/generate", json=body, timeout=timeout)
         r.raise_for_status()
         return r.json()
@@ -47,8 +50,7 @@ class Server:
 
 
 def server_cmd(model: str, draft: str | None, dtype: str, extra: list[str]) -> list[str]:
-    args = ["--model-path", model, "--dtype", dtype, "--host", "127.0.0.1",
-            "--random-seed", "0", "--log-level", "info"]
+    args = ["--model-path", model, "--dtype", dtype, "--host", "127.0.0.1", "--random-seed", "0", "--log-level", "info"]
     for k, v in server_flags(max_total_tokens=8192).items():
         if k not in extra:
             args += [k] if v is None else [k, v]
@@ -87,9 +89,17 @@ def assert_speculated(outs, min_tau: float = 1.0):
 
 
 @contextlib.contextmanager
-def launch(model: str, draft: str | None = None, dtype: str = "float32", extra: list[str] = (),
-           env: dict | None = None, name: str = "server", startup_timeout: float = 300, port: int | None = None,
-           check_drafts: bool = True):
+def launch(
+    model: str,
+    draft: str | None = None,
+    dtype: str = "float32",
+    extra: list[str] = (),
+    env: dict | None = None,
+    name: str = "server",
+    startup_timeout: float = 300,
+    port: int | None = None,
+    check_drafts: bool = True,
+):
     """check_drafts: a DFLASH server must end with drafted steps and no draft failure (unless the
     test injects faults)."""
     os.makedirs(LOG_DIR, exist_ok=True)
@@ -97,8 +107,13 @@ def launch(model: str, draft: str | None = None, dtype: str = "float32", extra: 
     log_path = os.path.join(LOG_DIR, f"{name}-{port}.log")
     full_env = {**os.environ, **CPU_ENV, **(env or {})}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(server_cmd(model, draft, dtype, list(extra)) + ["--port", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+        proc = subprocess.Popen(
+            server_cmd(model, draft, dtype, list(extra)) + ["--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+        )
     srv = Server(proc, f"http://127.0.0.1:{port}", log_path)
     try:
         deadline = time.time() + startup_timeout
@@ -134,9 +149,14 @@ def stop(proc):
 def run_failing(model: str, draft: str, dtype="float32", extra=(), timeout=240):
     """Start a DFLASH server expected to fail at start-up; return (exit code, combined output)."""
     port = free_port()
-    p = subprocess.run(server_cmd(model, draft, dtype, list(extra)) + ["--port", str(port)],
-                       env={**os.environ, **CPU_ENV}, capture_output=True, text=True, timeout=timeout,
-                       start_new_session=True)
+    p = subprocess.run(
+        server_cmd(model, draft, dtype, list(extra)) + ["--port", str(port)],
+        env={**os.environ, **CPU_ENV},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        start_new_session=True,
+    )
     return p.returncode, p.stdout + p.stderr
 
 
@@ -158,8 +178,15 @@ def reference(srv: Server, batch, max_new_tokens=32):
     outs = generate_all(srv, batch, max_new_tokens)
     refs = []
     for p, o in zip(batch, outs):
-        r = srv.post("/generate", {"input_ids": p, "return_logprob": True, "top_logprobs_num": 2,
-                                   "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}).json()
+        r = srv.post(
+            "/generate",
+            {
+                "input_ids": p,
+                "return_logprob": True,
+                "top_logprobs_num": 2,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
+            },
+        ).json()
         assert r["output_ids"] == o["output_ids"], "plain decoding is not deterministic"
         tops = r["meta_info"]["output_top_logprobs"]
         gaps = [abs(t[0][0] - t[1][0]) for t in tops]
@@ -181,7 +208,9 @@ def assert_lossless(refs, outs, tie: float, max_excused: int | None = None):
         assert j is not None, f"prompt {i}: lengths differ ({len(got)} vs {len(want)}) with equal tokens"
         gap, second = ref["gaps"][j], ref["runner_up"][j]
         print(f"prompt {i}: first difference at output position {j}; target top-2 gap {gap:.3g}")
-        assert got[j] == second, f"prompt {i}: DFLASH emitted {got[j]} at {j}, neither top-1 {want[j]} nor top-2 {second}"
+        assert got[j] == second, (
+            f"prompt {i}: DFLASH emitted {got[j]} at {j}, neither top-1 {want[j]} nor top-2 {second}"
+        )
         assert gap < tie, f"prompt {i}: DFLASH differs from plain decoding at {j} (gap {gap} >= {tie})"
         excused += 1
     assert excused <= max_excused, f"{excused} prompts differ at near-ties (at most {max_excused} allowed)"
@@ -205,9 +234,15 @@ def dump_json(path, obj):
         json.dump(obj, f)
 
 
-PENALTIES = [{"frequency_penalty": 0.5}, {"presence_penalty": 0.8}, {"repetition_penalty": 1.3},
-             {"repetition_penalty": 0.8}, {"frequency_penalty": 0.3, "presence_penalty": 0.2},
-             {"min_new_tokens": 24, "stop_token_ids": [42]}, {"logit_bias": {"42": -2.5, "7": 1.5}}]
+PENALTIES = [
+    {"frequency_penalty": 0.5},
+    {"presence_penalty": 0.8},
+    {"repetition_penalty": 1.3},
+    {"repetition_penalty": 0.8},
+    {"frequency_penalty": 0.3, "presence_penalty": 0.2},
+    {"min_new_tokens": 24, "stop_token_ids": [42]},
+    {"logit_bias": {"42": -2.5, "7": 1.5}},
+]
 
 
 def penalty_cases(batch):

@@ -3,15 +3,16 @@
 Only attribute reads on SGLang's Req / SamplingBatchInfo objects (no sglang import), so the rules
 stay in verify.py, penalties.py and accept.py.
 """
+
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
 
-from sglang_dflash.accept import stop_table
-from sglang_dflash.penalties import ORDER, PenaltyRows
-from sglang_dflash.verify import SamplingRows
+from sglang_dflash.pipeline.accept import stop_table
+from sglang_dflash.pipeline.penalties import ORDER, PenaltyRows
+from sglang_dflash.pipeline.target_sampling import SamplingRows
 
 
 def sampling_rows(batch) -> Optional[SamplingRows]:
@@ -21,9 +22,14 @@ def sampling_rows(batch) -> Optional[SamplingRows]:
         return None
     temps = sinfo.temperatures.reshape(-1).float()
     temps = torch.where((sinfo.top_ks.reshape(-1) == 1) | (temps <= 0), 0.0, temps)
-    return SamplingRows(temps, sinfo.top_ps, sinfo.top_ks, sinfo.min_ps,
-                        [r.sampling_params.sampling_seed for r in batch.reqs],
-                        [len(r.output_ids) for r in batch.reqs])
+    return SamplingRows(
+        temps,
+        sinfo.top_ps,
+        sinfo.top_ks,
+        sinfo.min_ps,
+        [r.sampling_params.sampling_seed for r in batch.reqs],
+        [len(r.output_ids) for r in batch.reqs],
+    )
 
 
 def _stop_ids(req, honour_ignore_eos: bool) -> set:
@@ -40,8 +46,14 @@ def _stop_ids(req, honour_ignore_eos: bool) -> set:
 
 def limits(batch, device):
     """Per-request token budget [bs] and stop-token table [bs, S], as SGLang's finish check sees them."""
-    budget = [max((1 << 30 if r.sampling_params.max_new_tokens is None else r.sampling_params.max_new_tokens)
-                  - len(r.output_ids), 1) for r in batch.reqs]
+    budget = [
+        max(
+            (1 << 30 if r.sampling_params.max_new_tokens is None else r.sampling_params.max_new_tokens)
+            - len(r.output_ids),
+            1,
+        )
+        for r in batch.reqs
+    ]
     stops = [_stop_ids(r, honour_ignore_eos=True) for r in batch.reqs]
     return torch.tensor(budget, dtype=torch.int64, device=device), stop_table(stops, device)
 
@@ -63,8 +75,13 @@ def penalty_rows(batch, vocab: int, device) -> Optional[PenaltyRows]:
             for tok, val in {int(k): v for k, v in (b or {}).items()}.items():
                 bias[i, tok] = val
     f32 = dict(dtype=torch.float32, device=device)
-    return PenaltyRows(torch.tensor(freq, **f32), torch.tensor(pres, **f32), torch.tensor(rep, **f32),
-                       [list(r.output_ids) for r in batch.reqs],
-                       torch.tensor(min_new, dtype=torch.int64, device=device),
-                       stop_table([_stop_ids(r, honour_ignore_eos=False) for r in batch.reqs], device),
-                       bias, ORDER)
+    return PenaltyRows(
+        torch.tensor(freq, **f32),
+        torch.tensor(pres, **f32),
+        torch.tensor(rep, **f32),
+        [list(r.output_ids) for r in batch.reqs],
+        torch.tensor(min_new, dtype=torch.int64, device=device),
+        stop_table([_stop_ids(r, honour_ignore_eos=False) for r in batch.reqs], device),
+        bias,
+        ORDER,
+    )

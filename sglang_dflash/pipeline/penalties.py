@@ -11,6 +11,7 @@ run before the scaling (repetition) one, as SGLang's default (overlap) and specu
 its non-overlap path iterates a Python set of penalizer classes, whose order varies by process, so
 requests combining repetition_penalty with frequency/presence penalties are order-dependent there.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ ORDER = ("frequency", "presence", "repetition")  # additive first, then scaling
 @dataclass
 class PenaltyRows:
     """Per-request penalty state for one verify step (bs requests)."""
+
     frequency: torch.Tensor  # [bs] float32
     presence: torch.Tensor  # [bs] float32
     repetition: torch.Tensor  # [bs] float32 (1 = off)
@@ -34,8 +36,9 @@ class PenaltyRows:
     order: tuple = ORDER  # the order penalties are applied in
 
 
-def _penalize(logits: torch.Tensor, counts: torch.Tensor, acc_freq: torch.Tensor, rows: PenaltyRows,
-              req: torch.Tensor) -> torch.Tensor:
+def _penalize(
+    logits: torch.Tensor, counts: torch.Tensor, acc_freq: torch.Tensor, rows: PenaltyRows, req: torch.Tensor
+) -> torch.Tensor:
     """logits [...] float32 at tokens that occurred counts [...] times in request req [...] (all three
     broadcastable) -> penalized logits."""
     seen = counts > 0

@@ -5,10 +5,10 @@ decode:   block -> one non-causal draft forward -> one target TARGET_VERIFY forw
           -> commit the accepted rows' context K/V (the block's other rows are simply overwritten
           by later writes to the same slots).
 """
+
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
@@ -22,20 +22,23 @@ from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
-from sglang_dflash.accept import accept_block
-from sglang_dflash.attention import TorchBlockAttention
-from sglang_dflash.batch_sampling import limits, penalty_rows, sampling_rows
-from sglang_dflash.block import block_slots, build_block
-from sglang_dflash.config import check_against_target, load_drafter_config, resolve_block_size
-from sglang_dflash.draft import Proposal, propose
-from sglang_dflash.draft_kv import DraftKVCache
-from sglang_dflash import env, metrics as dflash_metrics
-from sglang_dflash.metrics import StageClock
+from sglang_dflash.pipeline.accept import accept_block
+from sglang_dflash.srt.batch_sampling import limits, penalty_rows, sampling_rows
+from sglang_dflash.pipeline.block import block_slots, build_block
+from sglang_dflash.model.config import check_against_target, load_drafter_config, resolve_block_size
+from sglang_dflash.pipeline.draft import Proposal, propose
+from sglang_dflash.pipeline.context_kv import DraftKVCache
+from sglang_dflash import env
+from sglang_dflash.srt import metrics as dflash_metrics
+from sglang_dflash.srt.metrics import StageClock
+from sglang_dflash.srt.seeded_prefill import PreSampleLogits, reseed_first_tokens
+from sglang_dflash.srt.target_model import block_attention, check_capture_layers, dump_context
 from sglang_dflash.model.loader import load_drafter
-from sglang_dflash.projection import write_context
-from sglang_dflash.startup import resolve_mask_token_id
-from sglang_dflash.penalties import apply_penalties
-from sglang_dflash.verify import WALK, exponential, target_tokens
+from sglang_dflash.pipeline.context_kv import write_context
+from sglang_dflash.model.mask_token import resolve_mask_token_id
+from sglang_dflash.pipeline.penalties import apply_penalties
+from sglang_dflash.pipeline.noise import WALK, gumbel
+from sglang_dflash.pipeline.target_sampling import target_tokens
 
 logger = logging.getLogger("sglang_dflash")
 
@@ -60,35 +63,28 @@ class DFlashWorker(BaseSpecWorker):
         self.vocab_size = int(runner.model_config.vocab_size)
         check_against_target(self.cfg, hidden_size=int(text_cfg.hidden_size), vocab_size=self.vocab_size)
         self.block_size = resolve_block_size(get_spec().speculative_num_draft_tokens, self.cfg)
-        self.mask_token_id = resolve_mask_token_id(self.cfg, server_args.tokenizer_path or server_args.model_path,
-                                                   self.vocab_size)
-        self._check_capture_layers(runner.model)
+        self.mask_token_id = resolve_mask_token_id(
+            self.cfg, server_args.tokenizer_path or server_args.model_path, self.vocab_size
+        )
+        check_capture_layers(runner.model, self.cfg)
         self.drafter = load_drafter(path, self.cfg, runner.dtype, str(self.device))
         self.draft_kv = None
         self.device_type = torch.device(self.device).type
         self.metrics = dflash_metrics.create(self.block_size)
         self.draft_steps = self.draft_failures = 0
-        # SGLang's sampler overwrites the logits it is given with probabilities, in place; seeded
-        # prefill rows are drawn by our keyed rule from the logits as the sampler received them.
-        self._keep_logits, self._pre_sample_logits = False, None
-        runner.sampler.register_forward_pre_hook(self._keep_pre_sample_logits)
-        logger.info("DFLASH served by sglang_dflash (ours): block_size=%d (drafter trained %d), "
-                    "drafter layers=%d, target_layer_ids=%s, mask_token_id=%d, dtype=%s, device=%s, %s",
-                    self.block_size, self.cfg.block_size, self.cfg.num_layers, self.cfg.target_layer_ids,
-                    self.mask_token_id, runner.dtype, self.device,
-                    "DFlash 2 (%s)" % self.cfg.dflash2 if self.cfg.dflash2 else "DFlash 1")
-
-    def _check_capture_layers(self, model):
-        want = [i + 1 for i in self.cfg.target_layer_ids]  # SGLang captures the input of layer id+1
-        inner = getattr(model, "model", None)
-        have = list(getattr(inner, "layers_to_capture", []) or [])
-        if not have and hasattr(model, "set_dflash_layers_to_capture"):
-            model.set_dflash_layers_to_capture(self.cfg.target_layer_ids)
-        elif have != want:
-            raise ValueError(f"target captures layers {have} but the drafter needs {want} "
-                             f"(target_layer_ids={self.cfg.target_layer_ids})")
-        if not getattr(model, "capture_aux_hidden_states", False):
-            raise ValueError(f"target architecture {type(model).__name__} cannot capture DFlash features")
+        self.pre_sample = PreSampleLogits(runner.sampler)  # seeded prefill rows: see seeded_prefill.py
+        logger.info(
+            "DFLASH served by sglang_dflash (ours): block_size=%d (drafter trained %d), "
+            "drafter layers=%d, target_layer_ids=%s, mask_token_id=%d, dtype=%s, device=%s, %s",
+            self.block_size,
+            self.cfg.block_size,
+            self.cfg.num_layers,
+            self.cfg.target_layer_ids,
+            self.mask_token_id,
+            runner.dtype,
+            self.device,
+            "DFlash 2 (%s)" % self.cfg.dflash2 if self.cfg.dflash2 else "DFlash 1",
+        )
 
     # ---- SGLang worker interface -------------------------------------------------------------
     @property
@@ -100,11 +96,16 @@ class DFlashWorker(BaseSpecWorker):
             raise AttributeError(name)
         return getattr(self._target_worker, name)
 
-    def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None,
-                          token_to_kv_pool_allocator=None):
+    def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
         num_slots = int(self.model_runner.token_to_kv_pool.get_key_buffer(0).shape[0])
-        self.draft_kv = DraftKVCache(self.cfg.num_layers, num_slots, self.cfg.num_kv_heads,
-                                     self.cfg.head_dim, self.model_runner.dtype, str(self.device))
+        self.draft_kv = DraftKVCache(
+            self.cfg.num_layers,
+            num_slots,
+            self.cfg.num_kv_heads,
+            self.cfg.head_dim,
+            self.model_runner.dtype,
+            str(self.device),
+        )
 
     def init_attention_backends(self):
         pass
@@ -116,8 +117,9 @@ class DFlashWorker(BaseSpecWorker):
         pass
 
     # ---- one scheduler step ------------------------------------------------------------------
-    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None,
-                                 pp_proxy_tensors=None) -> GenerationBatchResult:
+    def forward_batch_generation(
+        self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None
+    ) -> GenerationBatchResult:
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             return self._prefill(batch, on_publish)
         if batch.spec_info is None:
@@ -127,41 +129,42 @@ class DFlashWorker(BaseSpecWorker):
             nxt = make_draft_input_v2(bonus_tokens=empty, new_seq_lens=empty)
             if on_publish is not None:
                 on_publish(nxt.new_seq_lens)
-            return GenerationBatchResult(next_token_ids=empty, accept_lens=empty.to(torch.int32),
-                                         next_draft_input=nxt, speculative_num_draft_tokens=self.block_size,
-                                         new_seq_lens=nxt.new_seq_lens)
+            return GenerationBatchResult(
+                next_token_ids=empty,
+                accept_lens=empty.to(torch.int32),
+                next_draft_input=nxt,
+                speculative_num_draft_tokens=self.block_size,
+                new_seq_lens=nxt.new_seq_lens,
+            )
         return self._decode(batch, on_publish)
 
     def stats(self) -> dict:
         """Live counters for /server_info (internal_states[i]["dflash"])."""
         return {"draft_steps": self.draft_steps, "draft_failures": self.draft_failures}
 
-    def _keep_pre_sample_logits(self, sampler, args):
-        if self._keep_logits:
-            self._pre_sample_logits = args[0].next_token_logits.clone()
-
     def _prefill(self, batch, on_publish):
         sampling = sampling_rows(batch)
         seeded = sampling is not None and any(s is not None for s in sampling.seeds)
-        self._keep_logits = seeded
+        self.pre_sample.armed = seeded
         try:
             out = self._target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
         finally:
-            self._keep_logits = False
+            self.pre_sample.armed = False
         out.new_seq_lens = batch.seq_lens
         if seeded:
-            self._reseed_first_tokens(batch, sampling, out)
+            reseed_first_tokens(self.pre_sample.take(), sampling, out, batch.return_logprob)
         if on_publish is not None:
             on_publish(out.new_seq_lens)
         features = out.logits_output.hidden_states
         if features is None:
             raise RuntimeError("DFLASH prefill got no target features; the target did not capture aux layers")
         dev = features.device
-        positions = torch.cat([torch.arange(p, p + n, device=dev)
-                               for p, n in zip(batch.prefix_lens, batch.extend_lens)])
+        positions = torch.cat(
+            [torch.arange(p, p + n, device=dev) for p, n in zip(batch.prefix_lens, batch.extend_lens)]
+        )
         write_context(self.drafter, self.draft_kv, features, positions, batch.out_cache_loc.to(torch.int64))
         if DEBUG_DUMP_DIR:
-            self._dump_context(batch)
+            dump_context(self.draft_kv, self.model_runner.req_to_token_pool.req_to_token, batch, DEBUG_DUMP_DIR)
         out.logits_output.hidden_states = None
         out.next_draft_input = make_draft_input_v2(bonus_tokens=out.next_token_ids, new_seq_lens=batch.seq_lens)
         return out
@@ -173,38 +176,40 @@ class DFlashWorker(BaseSpecWorker):
         try:
             if DEBUG_FAIL_DRAFT_EVERY and self.draft_steps % DEBUG_FAIL_DRAFT_EVERY == 0:
                 raise RuntimeError("injected drafter failure (SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY)")
-            attend = self._block_attention(batch, prefix, slots.reshape(-1))
-            temps = gumbel = None
+            req_to_token = self.model_runner.req_to_token_pool.req_to_token
+            cuda = self.device_type == "cuda"
+            attend = block_attention(self.cfg, self.block_size, cuda, self.draft_kv, req_to_token, batch, prefix, slots)
+            temps = gumbel_noise = None
             sel = self.drafter.selector
             if sampling is not None and sel is not None:  # DFlash 2 sampled paths: noise keyed like verify's
                 bs, k = block_ids.shape[0], min(sel.top_k, self.vocab_size)
                 temps = sampling.temperatures
-                gumbel = -torch.log(exponential(bs, self.block_size - 1, k, sampling.seeds, sampling.offsets, WALK,
-                                                block_ids.device))
-            return propose(self.drafter, attend, self.model_runner.model.model.embed_tokens,
-                           self._lm_head_logits, block_ids, positions, temps, gumbel)
+                gumbel_noise = gumbel(
+                    bs, self.block_size - 1, k, sampling.seeds, sampling.offsets, WALK, block_ids.device
+                )
+            return propose(
+                self.drafter,
+                attend,
+                self.model_runner.model.model.embed_tokens,
+                self._lm_head_logits,
+                block_ids,
+                positions,
+                temps,
+                gumbel_noise,
+            )
         except Exception as e:  # noqa: BLE001 - any drafter fault degrades to plain decoding
             self.draft_failures += 1
             if self.metrics is not None:
                 self.metrics.draft_failures.inc()
-            logger.warning("DFLASH draft step failed (%s: %s); this batch of %d decodes without a draft "
-                           "(output stays exact). Failures so far: %d", type(e).__name__, e, len(batch.reqs),
-                           self.draft_failures)
+            logger.warning(
+                "DFLASH draft step failed (%s: %s); this batch of %d decodes without a draft "
+                "(output stays exact). Failures so far: %d",
+                type(e).__name__,
+                e,
+                len(batch.reqs),
+                self.draft_failures,
+            )
             return Proposal(block_ids)
-
-    def _block_attention(self, batch, prefix, block_slots):
-        """Non-causal block attention: FlashInfer on CUDA unless a window < B (see window_left), else torch."""
-        c, B = self.cfg, self.block_size
-        req_to_token = self.model_runner.req_to_token_pool.req_to_token
-        scale = c.head_dim ** -0.5
-        if self.device_type == "cuda" and all(w is None or w >= B for w in c.layer_windows):
-            from sglang_dflash.flashinfer_attention import FlashInferBlockAttention
-
-            return FlashInferBlockAttention(self.draft_kv.k, self.draft_kv.v, req_to_token, batch.req_pool_indices,
-                                            prefix, block_slots, B, c.num_heads, scale, c.layer_windows)
-        kv_slots = [req_to_token[r, : p + B].to(torch.int64)
-                    for r, p in zip(batch.req_pool_indices.tolist(), prefix.tolist())]
-        return TorchBlockAttention(self.draft_kv.k, self.draft_kv.v, kv_slots, block_slots, scale, c.layer_windows)
 
     def _lm_head_logits(self, hidden):
         """hidden [N, H] -> [N, vocab] with the target's (vocab-parallel) LM head."""
@@ -214,42 +219,18 @@ class DFlashWorker(BaseSpecWorker):
             logits = tensor_model_parallel_all_gather(logits.contiguous(), dim=-1)
         return logits[:, : self.vocab_size]
 
-    def _reseed_first_tokens(self, batch, sampling, out):
-        """Seeded requests: draw the prefill's token with the same (seed, position) rule as verify,
-        from the target's logits before SGLang's sampler turned them into probabilities."""
-        logits, self._pre_sample_logits = self._pre_sample_logits, None
-        if logits is None:
-            raise RuntimeError("DFLASH prefill: the target's sampler did not run on a seeded batch")
-        tokens = target_tokens(logits, 1, sampling).view(-1).to(out.next_token_ids.dtype)
-        seeded = torch.tensor([s is not None for s in sampling.seeds], device=tokens.device)
-        out.next_token_ids = torch.where(seeded, tokens, out.next_token_ids)
-        lo = out.logits_output
-        if batch.return_logprob and lo.next_token_logprobs is not None:  # the logprob of OUR token
-            temps = sampling.temperatures.clamp_min(1e-6)[:, None].to(logits.device)
-            greedy = (sampling.temperatures <= 0)[:, None].to(logits.device)
-            logp = torch.log_softmax(torch.where(greedy, logits.float(), logits.float() / temps), dim=-1)
-            mine = logp.gather(1, tokens.long()[:, None]).squeeze(1).to(lo.next_token_logprobs.dtype)
-            lo.next_token_logprobs = torch.where(seeded, mine, lo.next_token_logprobs)
-
-    def _dump_context(self, batch):
-        req_to_token = self.model_runner.req_to_token_pool.req_to_token
-        for req, rpi, n in zip(batch.reqs, batch.req_pool_indices.tolist(), batch.seq_lens.tolist()):
-            slots = req_to_token[rpi, :n].to(torch.int64)
-            path = os.path.join(DEBUG_DUMP_DIR, f"{req.rid}.pt")
-            torch.save({"ids": list(req.origin_input_ids), "k": self.draft_kv.k[:, slots].clone(),
-                        "v": self.draft_kv.v[:, slots].clone()}, path)
-
     def _decode(self, batch, on_publish):
         B = self.block_size
         prefix = batch.seq_lens  # [bs]
         block_ids, positions = build_block(batch.spec_info.bonus_tokens, prefix, B, self.mask_token_id)  # [bs, B]
-        slots = block_slots(self.model_runner.req_to_token_pool.req_to_token, batch.req_pool_indices,
-                            prefix, B)  # [bs, B] KV slot ids of the block (target and drafter share them)
+        slots = block_slots(
+            self.model_runner.req_to_token_pool.req_to_token, batch.req_pool_indices, prefix, B
+        )  # [bs, B] KV slot ids of the block (target and drafter share them)
         sampling = sampling_rows(batch)
         clock = StageClock(self.device_type)
 
         # 1) draft: one non-causal drafter forward proposes the whole block
-        proposal = self._safe_draft(batch, prefix, slots, block_ids, positions, sampling)
+        proposal = self._safe_draft(batch, prefix, slots.reshape(-1), block_ids, positions, sampling)
         clock.mark("draft")
 
         # 2) verify: the target runs the block as a causal chain; accept while drafts match its tokens
@@ -269,25 +250,39 @@ class DFlashWorker(BaseSpecWorker):
 
         # 3) commit: only the committed rows' context K/V stay; later writes overwrite the rest
         rows = acc.committed_rows()
-        write_context(self.drafter, self.draft_kv, logits_output.hidden_states[rows], positions.reshape(-1)[rows],
-                      slots.reshape(-1)[rows])
+        write_context(
+            self.drafter,
+            self.draft_kv,
+            logits_output.hidden_states[rows],
+            positions.reshape(-1)[rows],
+            slots.reshape(-1)[rows],
+        )
         logits_output.hidden_states = None
         clock.mark("kv_write")
 
         if self.metrics is not None:
             self.metrics.record(acc.commit_lens.tolist(), clock.seconds())
         nxt = make_draft_input_v2(bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens)
-        return GenerationBatchResult(logits_output=logits_output, next_token_ids=acc.out_tokens.reshape(-1),
-                                     accept_lens=acc.commit_lens.to(torch.int32), can_run_cuda_graph=False,
-                                     next_draft_input=nxt, speculative_num_draft_tokens=B,
-                                     new_seq_lens=new_seq_lens)
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=acc.out_tokens.reshape(-1),
+            accept_lens=acc.commit_lens.to(torch.int32),
+            can_run_cuda_graph=False,
+            next_draft_input=nxt,
+            speculative_num_draft_tokens=B,
+            new_seq_lens=new_seq_lens,
+        )
 
     def _verify_forward(self, batch, draft, positions, slots):
         """draft, positions, slots [bs, B] -> the target's logits output over the chain (features kept)."""
         B = self.block_size
-        verify_input = DFlashVerifyInput(draft_token=draft.reshape(-1), positions=positions.reshape(-1),
-                                         draft_token_num=B, custom_mask=None,
-                                         capture_hidden_mode=CaptureHiddenMode.FULL)
+        verify_input = DFlashVerifyInput(
+            draft_token=draft.reshape(-1),
+            positions=positions.reshape(-1),
+            draft_token_num=B,
+            custom_mask=None,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+        )
         batch.out_cache_loc = slots.reshape(-1)
         # Verify host bound = committed prefix + one verify block; restored right after the plan
         saved = (batch.seq_lens_cpu, batch.seq_lens_sum)
@@ -296,5 +291,4 @@ class DFlashWorker(BaseSpecWorker):
             batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
         fb, _ = verify_input.prepare_for_verify(batch, self._target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = saved
-        return self._target_worker.forward_batch_generation(batch=None, forward_batch=fb,
-                                                            is_verify=True).logits_output
+        return self._target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True).logits_output

@@ -3,6 +3,7 @@
 One source of truth for every fact about a DFlash checkpoint's config.json. Plain Python (no
 torch, no sglang) so it is unit-testable and importable anywhere.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,6 +61,7 @@ class DrafterConfig:
 @dataclass
 class DFlash2Config:
     """DFlash 2 additions: two-tap grouped dynamic convolutions and the candidate path selector."""
+
     conv_kernel_size: int  # taps per dynamic convolution (2)
     conv_group_size: int  # channels sharing one dynamic coefficient (16)
     selector_rank: int  # rank of the predecessor/successor codebooks (256)
@@ -82,23 +84,27 @@ def parse_dflash2(cfg: dict, hidden: int) -> Optional[DFlash2Config]:
         return None
     missing = [k for k in DFLASH2_FIELDS if k not in present]
     if missing:
-        raise DrafterConfigError(f"DFlash 2 drafter config sets {present} but lacks {missing}; a DFlash 2 "
-                                 "checkpoint needs all of conv_kernel_size, conv_group_size, selector_rank, "
-                                 "selector_top_k (in dflash_config)")
+        raise DrafterConfigError(
+            f"DFlash 2 drafter config sets {present} but lacks {missing}; a DFlash 2 "
+            "checkpoint needs all of conv_kernel_size, conv_group_size, selector_rank, "
+            "selector_top_k (in dflash_config)"
+        )
     d = {k: _get(cfg, k) for k in DFLASH2_FIELDS}
     for k, v in d.items():
         if not isinstance(v, int) or isinstance(v, bool) or v < (0 if k == "conv_kernel_size" else 1):
             raise DrafterConfigError(f"dflash_config.{k} must be a positive int, got {v!r}")
     if hidden % d["conv_group_size"]:
-        raise DrafterConfigError(f"dflash_config.conv_group_size={d['conv_group_size']} must divide "
-                                 f"hidden_size={hidden}")
+        raise DrafterConfigError(
+            f"dflash_config.conv_group_size={d['conv_group_size']} must divide hidden_size={hidden}"
+        )
     mult = _get(cfg, "output_multiplier", 1.0)
     cap = _get(cfg, "final_logit_softcapping")
     if not isinstance(mult, (int, float)) or mult <= 0:
         raise DrafterConfigError(f"drafter config output_multiplier must be a positive number, got {mult!r}")
     if cap is not None and (not isinstance(cap, (int, float)) or cap <= 0):
-        raise DrafterConfigError(f"drafter config final_logit_softcapping must be a positive number or null, "
-                                 f"got {cap!r}")
+        raise DrafterConfigError(
+            f"drafter config final_logit_softcapping must be a positive number or null, got {cap!r}"
+        )
     return DFlash2Config(**d, output_multiplier=float(mult), final_logit_softcapping=cap and float(cap))
 
 
@@ -121,15 +127,19 @@ def parse_layer_windows(cfg: dict, num_layers: int) -> list[Optional[int]]:
         slide_from = cfg.get("max_window_layers", 28) if on else num_layers
         types = ["sliding_attention" if i >= slide_from else "full_attention" for i in range(num_layers)]
     if not isinstance(types, list) or len(types) != num_layers or not all(t in LAYER_TYPES for t in types):
-        raise DrafterConfigError(f"drafter config layer_types must name one of {LAYER_TYPES} for each of the "
-                                 f"{num_layers} layers, got {types!r}")
+        raise DrafterConfigError(
+            f"drafter config layer_types must name one of {LAYER_TYPES} for each of the "
+            f"{num_layers} layers, got {types!r}"
+        )
     sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
     if not enabled or not sliding:
         return [None] * num_layers
     if window is None:
-        raise DrafterConfigError(f"drafter config layer_types marks layers {sliding} 'sliding_attention' but "
-                                 "'sliding_window' is not set; set sliding_window to the window the drafter "
-                                 "was trained with")
+        raise DrafterConfigError(
+            f"drafter config layer_types marks layers {sliding} 'sliding_attention' but "
+            "'sliding_window' is not set; set sliding_window to the window the drafter "
+            "was trained with"
+        )
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise DrafterConfigError(f"drafter config 'sliding_window' must be an int >= 1, got {window!r}")
     return [window if t == "sliding_attention" else None for t in types]
@@ -145,7 +155,8 @@ def _need_int(cfg: dict, key: str, minimum: int = 1) -> int:
     if not isinstance(val, int) or isinstance(val, bool) or val < minimum:
         raise DrafterConfigError(
             f"drafter config field '{key}' must be an int >= {minimum}, got {val!r}; "
-            f"fix config.json of the drafter checkpoint")
+            f"fix config.json of the drafter checkpoint"
+        )
     return val
 
 
@@ -154,8 +165,9 @@ def read_block_size(path: str) -> int:
     with open(os.path.join(path, "config.json")) as f:
         block = _get(json.load(f), "block_size")
     if not isinstance(block, int) or block < 2:
-        raise DrafterConfigError(f"drafter config 'block_size' must be an int >= 2, got {block!r} "
-                                 f"(in {path}/config.json)")
+        raise DrafterConfigError(
+            f"drafter config 'block_size' must be an int >= 2, got {block!r} (in {path}/config.json)"
+        )
     return block
 
 
@@ -175,8 +187,10 @@ def resolve_block_size(flag_value: Optional[int], drafter: "str | DrafterConfig"
         return block
     block = drafter.block_size if isinstance(drafter, DrafterConfig) else read_block_size(drafter)
     if block > MAX_BLOCK_SIZE:
-        raise DrafterConfigError(f"drafter config block_size={block} is larger than a server runs "
-                                 f"({MAX_BLOCK_SIZE}); pass {BLOCK_FLAGS} N, 2 <= N <= {MAX_BLOCK_SIZE}")
+        raise DrafterConfigError(
+            f"drafter config block_size={block} is larger than a server runs "
+            f"({MAX_BLOCK_SIZE}); pass {BLOCK_FLAGS} N, 2 <= N <= {MAX_BLOCK_SIZE}"
+        )
     return block
 
 
@@ -184,8 +198,10 @@ def load_drafter_config(path: str, target_num_layers: int) -> DrafterConfig:
     """Read `path`/config.json (a z-lab DFlash checkpoint) and resolve every field."""
     cfg_file = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_file):
-        raise DrafterConfigError(f"drafter checkpoint has no config.json: {cfg_file!r}; "
-                                 "--speculative-draft-model-path must point at a DFlash checkpoint folder")
+        raise DrafterConfigError(
+            f"drafter checkpoint has no config.json: {cfg_file!r}; "
+            "--speculative-draft-model-path must point at a DFlash checkpoint folder"
+        )
     with open(cfg_file) as f:
         cfg = json.load(f)
     return parse_drafter_config(cfg, target_num_layers)
@@ -199,41 +215,57 @@ def parse_drafter_config(cfg: dict, target_num_layers: int) -> DrafterConfig:
     head_dim = cfg.get("head_dim") or hidden // heads
     block_size = _get(cfg, "block_size")
     if block_size is None:
-        raise DrafterConfigError("drafter config has no 'block_size' (top level or dflash_config); "
-                                 "add the block size the drafter was trained with (e.g. 16)")
+        raise DrafterConfigError(
+            "drafter config has no 'block_size' (top level or dflash_config); "
+            "add the block size the drafter was trained with (e.g. 16)"
+        )
     if not isinstance(block_size, int) or block_size < 2:
         raise DrafterConfigError(f"drafter config 'block_size' must be an int >= 2, got {block_size!r}")
     mask_token_id = _get(cfg, "mask_token_id")
     mask_token = _get(cfg, "mask_token")
     if mask_token_id is None and mask_token is None:
-        raise DrafterConfigError("drafter config has no mask token: set dflash_config.mask_token_id "
-                                 "(or the older 'mask_token' string)")
+        raise DrafterConfigError(
+            "drafter config has no mask token: set dflash_config.mask_token_id (or the older 'mask_token' string)"
+        )
     ids = _get(cfg, "target_layer_ids")
     if ids is None:
         ids = default_target_layer_ids(target_num_layers, num_layers)
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
         raise DrafterConfigError(f"dflash_config.target_layer_ids must be a non-empty list of ints, got {ids!r}")
     if len(set(ids)) != len(ids):
-        raise DrafterConfigError(f"dflash_config.target_layer_ids {ids} repeats a layer; each layer's "
-                                 "features can be captured once")
+        raise DrafterConfigError(
+            f"dflash_config.target_layer_ids {ids} repeats a layer; each layer's features can be captured once"
+        )
     for i in ids:
         if not 0 <= i < target_num_layers:
             raise DrafterConfigError(
                 f"dflash_config.target_layer_ids has {i}, out of range for a target with "
-                f"{target_num_layers} layers (valid: 0..{target_num_layers - 1})")
+                f"{target_num_layers} layers (valid: 0..{target_num_layers - 1})"
+            )
     # transformers 5 writes rope_parameters (z-lab's newer drafters too); older configs rope_scaling
     rope_scaling = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     rope_theta = cfg.get("rope_theta", rope_scaling.get("rope_theta", 10000.0))
     if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type", "default")) != "default":
-        raise DrafterConfigError(f"drafter config rope_scaling {rope_scaling!r} is not supported; "
-                                 "only default RoPE drafters are")
+        raise DrafterConfigError(
+            f"drafter config rope_scaling {rope_scaling!r} is not supported; only default RoPE drafters are"
+        )
     return DrafterConfig(
-        hidden_size=hidden, num_layers=num_layers, num_heads=heads, num_kv_heads=kv_heads,
-        head_dim=head_dim, intermediate_size=_need_int(cfg, "intermediate_size"),
-        vocab_size=_need_int(cfg, "vocab_size"), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(rope_theta), block_size=block_size,
-        mask_token_id=mask_token_id, mask_token=mask_token, target_layer_ids=list(ids),
-        layer_windows=parse_layer_windows(cfg, num_layers), dflash2=parse_dflash2(cfg, hidden))
+        hidden_size=hidden,
+        num_layers=num_layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=_need_int(cfg, "intermediate_size"),
+        vocab_size=_need_int(cfg, "vocab_size"),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(rope_theta),
+        block_size=block_size,
+        mask_token_id=mask_token_id,
+        mask_token=mask_token,
+        target_layer_ids=list(ids),
+        layer_windows=parse_layer_windows(cfg, num_layers),
+        dflash2=parse_dflash2(cfg, hidden),
+    )
 
 
 def check_against_target(cfg: DrafterConfig, *, hidden_size: int, vocab_size: int) -> None:
@@ -241,17 +273,22 @@ def check_against_target(cfg: DrafterConfig, *, hidden_size: int, vocab_size: in
     if cfg.hidden_size != hidden_size:
         raise DrafterConfigError(
             f"drafter hidden_size={cfg.hidden_size} differs from the target's hidden_size={hidden_size}; "
-            "a DFlash drafter must be trained for this target")
+            "a DFlash drafter must be trained for this target"
+        )
     if cfg.num_heads * cfg.head_dim <= 0 or cfg.num_heads % cfg.num_kv_heads != 0:
         raise DrafterConfigError(
             f"drafter head layout num_attention_heads={cfg.num_heads} num_key_value_heads="
-            f"{cfg.num_kv_heads} is invalid (heads must be a multiple of kv heads)")
+            f"{cfg.num_kv_heads} is invalid (heads must be a multiple of kv heads)"
+        )
     if cfg.vocab_size != vocab_size:
         raise DrafterConfigError(
-            f"drafter vocab_size={cfg.vocab_size} differs from the target's vocab_size={vocab_size}")
+            f"drafter vocab_size={cfg.vocab_size} differs from the target's vocab_size={vocab_size}"
+        )
     if cfg.dflash2 is not None and cfg.dflash2.selector_top_k > vocab_size:
-        raise DrafterConfigError(f"dflash_config.selector_top_k={cfg.dflash2.selector_top_k} exceeds the "
-                                 f"target vocabulary ({vocab_size})")
+        raise DrafterConfigError(
+            f"dflash_config.selector_top_k={cfg.dflash2.selector_top_k} exceeds the target vocabulary ({vocab_size})"
+        )
     if cfg.mask_token_id is not None and not 0 <= cfg.mask_token_id < vocab_size:
-        raise DrafterConfigError(f"dflash_config.mask_token_id={cfg.mask_token_id} is outside the "
-                                 f"target vocabulary (size {vocab_size})")
+        raise DrafterConfigError(
+            f"dflash_config.mask_token_id={cfg.mask_token_id} is outside the target vocabulary (size {vocab_size})"
+        )

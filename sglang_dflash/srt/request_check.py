@@ -2,6 +2,7 @@
 with a clear message (the scheduler aborts it, everyone else keeps being served) rather than
 served with a silently different distribution. Penalties, min_new_tokens and logit_bias are served
 exactly (penalties.py); grammars, watermarks and custom logit processors are not yet."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -22,5 +23,7 @@ def unsupported_reason(sampling_params, custom_logit_processor=None) -> Optional
         bad.append("custom_logit_processor")
     if not bad:
         return None
-    return (f"DFLASH speculative decoding (sglang_dflash) does not support {', '.join(bad)} yet; "
-            "drop the field(s) or send the request to a server without speculative decoding")
+    return (
+        f"DFLASH speculative decoding (sglang_dflash) does not support {', '.join(bad)} yet; "
+        "drop the field(s) or send the request to a server without speculative decoding"
+    )

@@ -7,6 +7,7 @@ bonus. Everything a request emits is therefore a target token. Commits stop at t
 budget and just after its first stop token, so nothing past a finish is committed.
 Runs as one fused op (csrc/, reference in kernels/reference.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,12 +34,20 @@ class Acceptance:
         return (cols[None, :] < self.commit_lens[:, None]).reshape(-1).nonzero().squeeze(1)
 
 
-def accept_block(draft: torch.Tensor, target_tokens: torch.Tensor, prefix_lens: torch.Tensor,
-                 budget: torch.Tensor, stop_ids: torch.Tensor) -> Acceptance:
+def accept_block(
+    draft: torch.Tensor,
+    target_tokens: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    budget: torch.Tensor,
+    stop_ids: torch.Tensor,
+) -> Acceptance:
     """draft, target_tokens [bs, B]; prefix_lens, budget [bs]; stop_ids [bs, S] (-1 padded)."""
     i64 = torch.int64
-    return Acceptance(*ops().linear_verify_accept(draft.to(i64), target_tokens.to(i64), prefix_lens.to(i64),
-                                                  budget.to(i64), stop_ids.to(i64)))
+    return Acceptance(
+        *ops().linear_verify_accept(
+            draft.to(i64), target_tokens.to(i64), prefix_lens.to(i64), budget.to(i64), stop_ids.to(i64)
+        )
+    )
 
 
 def stop_table(stop_sets: list[set[int]], device) -> torch.Tensor:

@@ -1,4 +1,5 @@
 """Stage: build the draft block [last verified token, MASK x (B-1)] and its positions."""
+
 from __future__ import annotations
 
 import torch
@@ -14,8 +15,9 @@ def build_block(bonus: torch.Tensor, prefix_lens: torch.Tensor, block: int, mask
     return ids, positions
 
 
-def block_slots(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
-                block: int) -> torch.Tensor:
+def block_slots(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, block: int
+) -> torch.Tensor:
     """Target slot ids reserved for the block: req_to_token [R, max_len] -> [bs, B] int64."""
     cols = prefix_lens.to(torch.int64)[:, None] + torch.arange(block, device=prefix_lens.device)[None, :]
     return req_to_token[req_pool_indices.to(torch.int64)[:, None], cols].to(torch.int64)

@@ -4,6 +4,7 @@ Same contract as attention.TorchBlockAttention: the block's K/V rows are stored 
 slots, then every request's B queries attend (non-causally) to its committed context + block,
 batched across requests in one kernel per drafter layer (planned once per draft forward).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -54,9 +55,19 @@ def paged_kv_layout(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, 
 
 
 class FlashInferBlockAttention:
-    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
-                 req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, block_slots: torch.Tensor,
-                 block: int, num_heads: int, scale: float, windows: Sequence[Optional[int]] = ()):
+    def __init__(
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        block_slots: torch.Tensor,
+        block: int,
+        num_heads: int,
+        scale: float,
+        windows: Sequence[Optional[int]] = (),
+    ):
         """k_cache, v_cache [L, S, Hkv, D]; prefix_lens [bs]; block_slots [bs*B];
         windows[layer]: that layer's sliding window (None or absent: full attention)."""
         dev = k_cache.device
@@ -69,9 +80,21 @@ class FlashInferBlockAttention:
         planned = {}
         for left in sorted(set(lefts)):  # one plan per distinct window, shared by its layers
             planned[left] = _wrapper(dev, left)
-            planned[left].plan(qo_indptr, kv_indptr, kv_indices, last_page_len, num_heads, k_cache.shape[2],
-                               k_cache.shape[3], 1, causal=False, sm_scale=scale, window_left=left,
-                               q_data_type=k_cache.dtype, kv_data_type=k_cache.dtype)
+            planned[left].plan(
+                qo_indptr,
+                kv_indptr,
+                kv_indices,
+                last_page_len,
+                num_heads,
+                k_cache.shape[2],
+                k_cache.shape[3],
+                1,
+                causal=False,
+                sm_scale=scale,
+                window_left=left,
+                q_data_type=k_cache.dtype,
+                kv_data_type=k_cache.dtype,
+            )
         self.wrappers = [planned[left] for left in lefts]  # [L]
         self.k, self.v, self.block_slots = k_cache, v_cache, block_slots
 

@@ -1,7 +1,8 @@
 """Start-up resolution that needs the target's tokenizer (kept out of the pure config module)."""
+
 from __future__ import annotations
 
-from sglang_dflash.config import DrafterConfig, DrafterConfigError
+from sglang_dflash.model.config import DrafterConfig, DrafterConfigError
 
 
 def resolve_mask_token_id(cfg: DrafterConfig, tokenizer_path: str, vocab_size: int) -> int:
@@ -15,5 +16,6 @@ def resolve_mask_token_id(cfg: DrafterConfig, tokenizer_path: str, vocab_size: i
     if tid is None or (tok.unk_token_id is not None and tid == tok.unk_token_id) or not 0 <= tid < vocab_size:
         raise DrafterConfigError(
             f"drafter mask_token {cfg.mask_token!r} is not in the target vocabulary; set "
-            "dflash_config.mask_token_id to a token id the target knows")
+            "dflash_config.mask_token_id to a token id the target knows"
+        )
     return int(tid)

@@ -62,9 +62,7 @@ def _segments(starts: torch.Tensor, ends: torch.Tensor):
 
 
 # ------------------------------------------------------ KV-cache bookkeeping
-def assign_req_to_token_pool_cpu(
-    req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
-):
+def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len):
     """req_to_token[req[i], start[i]:end[i]] = next (end-start) entries of out_cache_loc."""
     rows, cols = _segments(start_offset, end_offset)
     if rows.numel():
@@ -72,9 +70,7 @@ def assign_req_to_token_pool_cpu(
         req_to_token[req, cols] = out_cache_loc[: rows.numel()].to(req_to_token.dtype)
 
 
-def assign_extend_cache_locs_cpu(
-    req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
-):
+def assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len):
     """Reverse of the above: pack req_to_token[req[i], start[i]:end[i]] into out_cache_loc."""
     rows, cols = _segments(start_offset, end_offset)
     if rows.numel():
@@ -196,8 +192,6 @@ def _install_in_child() -> "_ShimsOnUnpickle":
     return _ShimsOnUnpickle()
 
 
-
-
 def install_cpu_shims() -> bool:
     """Make SGLang's CPU path importable without a working sgl_kernel.
 
@@ -216,9 +210,7 @@ def install_cpu_shims() -> bool:
     for name in SHIMMED:
         setattr(mod, name, globals()[name])
     sys.modules["sgl_kernel"] = mod
-    multiprocessing.current_process()._config.setdefault(
-        "sglang_dflash_cpu_shims", _ShimsOnUnpickle()
-    )
+    multiprocessing.current_process()._config.setdefault("sglang_dflash_cpu_shims", _ShimsOnUnpickle())
     _STATE["installed"] = True
     # One warning per process tree: children inherit the environment variable.
     log = logger.debug if env.CPU_SHIMS_LOGGED.get() else logger.warning

@@ -4,6 +4,7 @@ DFlash 1: the proposals are the argmax at every block position. DFlash 2: the se
 top-k candidates per position and path.py walks one path through them from the anchor (best path
 for greedy requests; a sampled path with its distribution q for sampled ones).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from typing import Callable, Optional
 import torch
 
 from sglang_dflash.model.drafter import DFlashDrafter
-from sglang_dflash.path import best_path, sample_path
+from sglang_dflash.model.path import best_path, sample_path
 
 # attend(layer, q [N, H, D], k_blk [N, Hkv, D], v_blk [N, Hkv, D]) -> [N, H, D]; see attention.py
 BlockAttention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -26,9 +27,16 @@ class Proposal:
 
 
 @torch.inference_mode()
-def propose(drafter: DFlashDrafter, attend: BlockAttention, embed: Callable[[torch.Tensor], torch.Tensor],
-            logits_fn: Callable[[torch.Tensor], torch.Tensor], block_ids: torch.Tensor, positions: torch.Tensor,
-            temperatures: Optional[torch.Tensor] = None, gumbel: Optional[torch.Tensor] = None) -> Proposal:
+def propose(
+    drafter: DFlashDrafter,
+    attend: BlockAttention,
+    embed: Callable[[torch.Tensor], torch.Tensor],
+    logits_fn: Callable[[torch.Tensor], torch.Tensor],
+    block_ids: torch.Tensor,
+    positions: torch.Tensor,
+    temperatures: Optional[torch.Tensor] = None,
+    gumbel: Optional[torch.Tensor] = None,
+) -> Proposal:
     """block_ids, positions [bs, B]; attend: non-causal attention over context + block per request.
     embed: token ids [N] -> [N, H] (the target's); logits_fn: [N, H] -> [N, V] (the target's LM head).
     temperatures [bs] (<= 0 greedy) and gumbel [bs, B-1, K] noise: sampled DFlash 2 paths."""
@@ -50,9 +58,3 @@ def propose(drafter: DFlashDrafter, attend: BlockAttention, embed: Callable[[tor
         idx = torch.where((temperatures > 0)[:, None], sampled_idx, idx)
     out[:, 1:] = cand.gather(2, idx[..., None]).squeeze(2)
     return Proposal(out, cand, q)
-
-
-def draft_block(drafter: DFlashDrafter, attend: BlockAttention, embed, logits_fn, block_ids: torch.Tensor,
-                positions: torch.Tensor) -> torch.Tensor:
-    """Greedy proposal tokens [bs, B] (see propose)."""
-    return propose(drafter, attend, embed, logits_fn, block_ids, positions).tokens

@@ -7,6 +7,7 @@ sglang:dflash_accept_length                histogram of tokens committed per blo
 sglang:dflash_{draft,verify,kv_write}_seconds     per-step stage times
 sglang:dflash_draft_failures_total         draft steps that raised (that batch decoded without a draft)
 """
+
 from __future__ import annotations
 
 import time
@@ -47,9 +48,13 @@ def scheduler_labels() -> dict:
     from sglang.srt.runtime_context import get_disagg, get_observability, get_parallel, get_serving
 
     p = get_parallel()
-    labels = {"model_name": get_serving().served_model_name,
-              "engine_type": DisaggregationMode.to_engine_type(get_disagg().disaggregation_mode),
-              "tp_rank": p.tp_rank, "pp_rank": p.pp_rank, "moe_ep_rank": p.moe_ep_rank}
+    labels = {
+        "model_name": get_serving().served_model_name,
+        "engine_type": DisaggregationMode.to_engine_type(get_disagg().disaggregation_mode),
+        "tp_rank": p.tp_rank,
+        "pp_rank": p.pp_rank,
+        "moe_ep_rank": p.moe_ep_rank,
+    }
     if p.dp_rank is not None:
         labels["dp_rank"] = p.dp_rank
     labels.update(get_observability().extra_metric_labels or {})
@@ -64,15 +69,20 @@ class DFlashMetrics:
         self.labels, self.block = labels, block_size
         self.drafts = Counter("sglang:dflash_drafts", "Blocks drafted", names).labels(**labels)
         self.draft_tokens = Counter("sglang:dflash_draft_tokens", "Draft tokens proposed", names).labels(**labels)
-        self.draft_failures = Counter("sglang:dflash_draft_failures", "Draft steps that raised",
-                                      names).labels(**labels)
-        self.accepted = Counter("sglang:dflash_accepted_tokens", "Drafts accepted per block position",
-                                names + ["position"])
-        self.accept_len = Histogram("sglang:dflash_accept_length", "Tokens committed per block", names,
-                                    buckets=list(range(1, block_size + 1))).labels(**labels)
+        self.draft_failures = Counter("sglang:dflash_draft_failures", "Draft steps that raised", names).labels(**labels)
+        self.accepted = Counter(
+            "sglang:dflash_accepted_tokens", "Drafts accepted per block position", names + ["position"]
+        )
+        self.accept_len = Histogram(
+            "sglang:dflash_accept_length", "Tokens committed per block", names, buckets=list(range(1, block_size + 1))
+        ).labels(**labels)
         time_buckets = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
-        self.times = {s: Histogram(f"sglang:dflash_{s}_seconds", f"DFlash {s} time per step", names,
-                                   buckets=time_buckets).labels(**labels) for s in ("draft", "verify", "kv_write")}
+        self.times = {
+            s: Histogram(f"sglang:dflash_{s}_seconds", f"DFlash {s} time per step", names, buckets=time_buckets).labels(
+                **labels
+            )
+            for s in ("draft", "verify", "kv_write")
+        }
 
     def record(self, commit_lens: list[int], seconds: dict) -> None:
         n = len(commit_lens)

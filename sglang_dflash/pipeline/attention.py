@@ -4,6 +4,7 @@ Both stages attend B query rows of one request to that request's KV rows gathere
 - drafting: committed context rows from the draft KV + the block's own rows, non-causal;
 - verify: the target's prefix rows + the block rows, causal (row i sees prefix + i + 1 keys).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -12,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 
-def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                causal_prefix: int | None = None) -> torch.Tensor:
+def attend_rows(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_prefix: int | None = None
+) -> torch.Tensor:
     """q [Q, heads, d]; k, v [K, kv_heads, d] -> [Q, heads, d].
 
     causal_prefix=None: every query sees every key (DFlash block drafting).
@@ -42,14 +44,20 @@ def window_mask(prefix: int, block: int, start: int, window: int, device) -> tor
     return (j >= prefix) | (j > p - window)
 
 
-def masked_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                mask: Optional[torch.Tensor]) -> torch.Tensor:
+def masked_rows(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: Optional[torch.Tensor]
+) -> torch.Tensor:
     """q [Q, heads, d]; k, v [K, kv_heads, d]; mask [Q, K] bool (True: visible) or None -> [Q, heads, d]."""
     if k.dtype != q.dtype:
         k, v = k.to(q.dtype), v.to(q.dtype)
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
-        attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+        q.transpose(0, 1).unsqueeze(0),
+        k.transpose(0, 1).unsqueeze(0),
+        v.transpose(0, 1).unsqueeze(0),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
     return out.squeeze(0).transpose(0, 1)
 
 
@@ -61,8 +69,15 @@ class TorchBlockAttention:
     does not accept are overwritten by later commits before anything reads them as context.
     """
 
-    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_slots: list[torch.Tensor],
-                 block_slots: torch.Tensor, scale: float, windows: Sequence[Optional[int]] = ()):
+    def __init__(
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        kv_slots: list[torch.Tensor],
+        block_slots: torch.Tensor,
+        scale: float,
+        windows: Sequence[Optional[int]] = (),
+    ):
         """k_cache, v_cache [L, S, Hkv, D]; kv_slots[i] [prefix_i + B], slot of position 0, 1, ...;
         block_slots [bs*B]; windows[layer]: that layer's sliding window (None or absent: full)."""
         self.k, self.v, self.kv_slots, self.block_slots, self.scale = k_cache, v_cache, kv_slots, block_slots, scale
@@ -88,9 +103,15 @@ class TorchBlockAttention:
         return out
 
 
-def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     kv_slots: list[torch.Tensor], prefix_lens: list[int], block: int,
-                     scale: float) -> torch.Tensor:
+def verify_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_slots: list[torch.Tensor],
+    prefix_lens: list[int],
+    block: int,
+    scale: float,
+) -> torch.Tensor:
     """Causal attention of each request's B verify rows over its prefix + block (already in cache).
 
     q [bs*B, heads, d]; kv_slots[i] [prefix_i + B] slot ids; prefix_lens[i] committed length.

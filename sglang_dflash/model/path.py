@@ -6,6 +6,7 @@ Sampled requests draw the path slot by slot from q_j(c | a) = softmax_c(S_j(a, c
 sampling: Gumbel-max over the K candidates) and keep q for the speculative rejection rule in
 verify.py, which keeps the output distribution exactly the target's.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,7 +24,7 @@ def best_path(edges: torch.Tensor) -> torch.Tensor:
     idx = torch.empty(bs, p, dtype=torch.int64, device=edges.device)
     idx[:, -1] = score.argmax(dim=-1)
     for j in range(p - 1, 0, -1):
-        idx[:, j - 1] = back[j - 1].gather(1, idx[:, j:j + 1]).squeeze(1)
+        idx[:, j - 1] = back[j - 1].gather(1, idx[:, j : j + 1]).squeeze(1)
     return idx
 
 
@@ -41,13 +42,3 @@ def sample_path(edges: torch.Tensor, temperature: torch.Tensor, gumbel: torch.Te
         prev = (logits + gumbel[:, j]).argmax(dim=-1)
         idx[:, j] = prev
     return idx, q
-
-
-def path_score(edges: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """Total score of paths idx [bs, P] through edges [bs, P, K, K] -> [bs]."""
-    bs, p = idx.shape
-    rows = torch.arange(bs, device=edges.device)
-    total = edges[rows, 0, 0, idx[:, 0]]
-    for j in range(1, p):
-        total = total + edges[rows, j, idx[:, j - 1], idx[:, j]]
-    return total

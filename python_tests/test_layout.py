@@ -1,0 +1,51 @@
+"""The house reads model -> pipeline -> srt: only srt/ (and the entry points) may import sglang, and
+the plain-torch layers never reach up into the SGLang-facing one."""
+
+import ast
+import importlib
+import pathlib
+import pkgutil
+
+import sglang_dflash
+
+PKG = pathlib.Path(sglang_dflash.__file__).parent
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_model_and_pipeline_are_plain_torch():
+    for layer in ("model", "pipeline"):
+        for path in sorted((PKG / layer).glob("*.py")):
+            bad = {
+                m
+                for m in imported_modules(path)
+                if m == "sglang"
+                or m.startswith("sglang.")
+                or m.startswith("sglang_dflash.srt")
+                or m.startswith("sglang_dflash.testing")
+            }
+            assert not bad, f"{path.relative_to(PKG)} imports {sorted(bad)}"
+
+
+def test_model_does_not_import_pipeline():
+    for path in sorted((PKG / "model").glob("*.py")):
+        bad = {m for m in imported_modules(path) if m.startswith("sglang_dflash.pipeline")}
+        assert not bad, f"{path.relative_to(PKG)} imports {sorted(bad)}"
+
+
+def test_every_plain_module_imports():
+    """Everything but the SGLang-facing package imports without a server (srt/ needs sglang's
+    runtime; the CPU shims make it importable here, which the server tests cover)."""
+    for mod in pkgutil.walk_packages([str(PKG)], "sglang_dflash."):
+        if mod.name.startswith(("sglang_dflash.srt", "sglang_dflash.train.__main__", "sglang_dflash._C")):
+            continue
+        importlib.import_module(mod.name)

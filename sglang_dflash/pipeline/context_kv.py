@@ -1,0 +1,47 @@
+"""Stage: target features -> projected context -> the drafter's context KV, indexed by the TARGET's
+slot ids (radix-cache safe).
+
+Every drafter layer keeps one K and one V row per target KV slot. A slot's row is written when the
+target commits that token (prefill or accepted verify rows), so a prefix-cache hit on the target
+finds the drafter's context already in place.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_dflash.kernels import ops
+from sglang_dflash.model.drafter import DFlashDrafter
+
+
+class DraftKVCache:
+    def __init__(
+        self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: str
+    ):
+        shape = (num_layers, num_slots, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+
+@torch.inference_mode()
+def write_context(
+    drafter: DFlashDrafter, cache: DraftKVCache, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """features [T, K*H] target hidden states at target_layer_ids; positions [T]; slots [T]."""
+    if slots.numel() == 0:
+        return
+    k, v = drafter.context_kv_pre(features)  # [L, T, kv_heads, head_dim] each, before k_norm / RoPE
+    table = drafter.rope_table(int(positions.max()) + 1, positions.device)
+    ops().write_draft_kv(
+        k,
+        v,
+        drafter._k_norm_weight,
+        table,
+        positions.to(torch.int64),
+        slots.to(torch.int64),
+        cache.k,
+        cache.v,
+        drafter.cfg.rms_norm_eps,
+        True,
+        1.0,
+    )

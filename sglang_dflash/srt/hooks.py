@@ -1,0 +1,76 @@
+"""The hooks that put our DFLASH worker behind SGLang (registered by plugin.py).
+
+Each imports its sglang / worker dependencies when it first runs, so registering them is cheap in
+every SGLang process.
+"""
+
+import logging
+
+from sglang_dflash import env
+
+logger = logging.getLogger("sglang_dflash")
+
+
+def use_ours() -> bool:
+    return env.IMPL.get() == "ours"
+
+
+def create_worker(original, self, server_args):
+    if self.is_dflash() and use_ours():
+        from sglang_dflash.srt.worker import DFlashWorker
+
+        return DFlashWorker
+    return original(self, server_args)
+
+
+def handle_dflash(original, server_args):
+    """Resolve DFLASH server arguments for our worker (SGLang's own resolver refuses CPU)."""
+    if not use_ours():
+        return original(server_args)
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+
+    from sglang_dflash.model.config import resolve_block_size
+
+    cfg = resolving_view(server_args)
+    if cfg.pp_size != 1:
+        raise ValueError("DFLASH (sglang_dflash) supports --pp-size 1 only")
+    if cfg.speculative_draft_model_path is None:
+        raise ValueError("DFLASH needs --speculative-draft-model-path (a DFlash drafter checkpoint)")
+    flag = cfg.speculative_dflash_block_size or cfg.speculative_num_draft_tokens
+    block = resolve_block_size(flag, cfg.speculative_draft_model_path)
+    decisions = dict(
+        speculative_num_steps=1,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=block,
+        # Our worker runs each step synchronously: no overlapped scheduling.
+        disable_overlap_schedule=True,
+    )
+    if cfg.max_running_requests is None:
+        decisions["max_running_requests"] = 48
+    declare_resolution(server_args, "sglang_dflash", **decisions)
+
+
+def torch_native_forward_extend(original, self, q, k, v, layer, forward_batch, save_kv_cache=True):
+    if forward_batch.forward_mode.is_target_verify():
+        from sglang_dflash.srt.verify_backend import torch_native_verify
+
+        return torch_native_verify(self, q, k, v, layer, forward_batch, save_kv_cache)
+    return original(self, q, k, v, layer, forward_batch, save_kv_cache)
+
+
+def validate_request(original, req, enable_overlap):
+    if use_ours():
+        from sglang_dflash.srt.request_check import unsupported_reason
+
+        reason = unsupported_reason(req.sampling_params, getattr(req, "custom_logit_processor", None))
+        if reason:
+            return reason
+    return original(req, enable_overlap)
+
+
+def add_dflash_state(original, self, state):
+    """/server_info: internal_states[i]["dflash"] = our worker's live counters (draft failures...)."""
+    original(self, state)
+    stats = getattr(self.scheduler.draft_worker, "stats", None)
+    if use_ours() and callable(stats):
+        state["dflash"] = stats()
