@@ -4,8 +4,8 @@ serve_bench, e2e_check, ops_bench), so two rows are comparable only when these f
 - git_state(): the commit measured and whether the work tree differed from it. Paths under
   bench/results/ are left out: a previous run's output does not change what is measured, and
   counting it would mark every second run dirty.
-- server_argv(): the exact server command line of an arm, from python_tests/harness.py
-  server_cmd (what harness.launch runs, minus the per-run --port).
+- server_argv(): the exact server command line of an arm, from sglang_dflash/testing/servers.py
+  server_cmd (what servers.launch runs, minus the per-run --port).
 - SCHED_FLAGS: DFLASH forces --disable-overlap-schedule and sets --max-running-requests 48 when
   unset (sglang_dflash/srt/hooks.py handle_dflash). Passed to EVERY arm by default so a speedup is
   speculation alone, not a different scheduler.

@@ -7,10 +7,10 @@ paths. The steered target's logits reach 16..32, where one bf16 ulp is 2^-8 * 32
 gaps here come in multiples of 0.0625); BF16_TIE allows two ulps between two candidates, and since
 one-ulp ties are common on this model, up to a quarter of the prompts may be excused.
 Either way, at a first difference DFLASH must have emitted the plain run's runner-up, and only a
-few prompts may be excused (harness.assert_lossless).
+few prompts may be excused (testing.servers.assert_lossless).
 
 Every config uses the steered drafter (it always proposes token 42), so the verify steps each
-request needs follow exactly from the plain output (harness.steered_verify_steps): the served
+request needs follow exactly from the plain output (testing.servers.steered_verify_steps): the served
 spec_verify_ct must equal them, which a drafter that silently stopped drafting cannot fake.
 """
 

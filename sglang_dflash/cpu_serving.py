@@ -1,7 +1,7 @@
 """What SGLang needs to serve on a CPU-only machine: the environment and the server settings.
 
 One definition for every user: `launch.py` (server defaults), `offline.py` and `train/datagen.py`
-(`sglang.Engine`), the tests' harness and engine run, and the Makefile (`python cpu_serving.py`
+(`sglang.Engine`), the test servers (testing/servers.py) and engine run, and the Makefile (`python cpu_serving.py`
 prints the environment). Plain Python: runnable before the package is installed.
 
 OMP_NUM_THREADS=1: two spinning OpenMP threads on 2 cores make a small linear 100x slower.
