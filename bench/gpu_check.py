@@ -15,6 +15,7 @@ import time
 import torch
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
+import provenance  # noqa: E402  (bench/, the script's own folder)
 from sglang_dflash import kernels  # noqa: E402
 from sglang_dflash.pipeline.attention import TorchBlockAttention, attend_rows  # noqa: E402
 from sglang_dflash.kernels.reference import (
@@ -183,6 +184,7 @@ def main():
         "gpu": torch.cuda.get_device_name() if dev == "cuda" else platform.processor(),
         "results": rows,
         "ok": all(r["ok"] for r in rows),
+        **provenance.stamp(),  # the commit (and dirty flag) this report measured
     }
     with open(a.out, "w") as f:
         json.dump(report, f, indent=1)
