@@ -63,6 +63,17 @@ def stamp() -> dict:
     return {**git_state(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": sys.executable}
 
 
+def add_method_args(ap) -> None:
+    """The flags every side-by-side bench shares: repeats (ABBA) and scheduler-flag matching."""
+    ap.add_argument("--repeats", type=int, default=2, help="times the whole arm sequence runs (ABBA order)")
+    ap.add_argument(
+        "--no-match-sched",
+        dest="match_sched",
+        action="store_false",
+        help="do not give plain the scheduler flags DFLASH forces (rows then say so)",
+    )
+
+
 def arm_extra(extra: list[str], match_sched: bool) -> list[str]:
     """The extra server flags of an arm: the bench's own plus, when matching, SCHED_FLAGS."""
     return [*extra, *SCHED_FLAGS] if match_sched else list(extra)

@@ -209,13 +209,7 @@ def main():
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=2, help="times the whole arm sequence runs (ABBA order)")
-    ap.add_argument(
-        "--no-match-sched",
-        dest="match_sched",
-        action="store_false",
-        help="do not give plain the scheduler flags DFLASH forces (rows then say so)",
-    )
+    provenance.add_method_args(ap)
     ap.add_argument("--out", default=os.path.join(RESULTS, "real_bench.jsonl"))
     a = ap.parse_args()
     prov = provenance.stamp()  # before anything is written

@@ -14,25 +14,14 @@ from sglang_dflash.kernels import reference
 from sglang_dflash.model.drafter import DFlashDrafter
 from sglang_dflash.pipeline.context_kv import write_context
 from sglang_dflash.testing.dense_drafter import dense_reference
+from sglang_dflash.testing.tiny_config import tiny_cfg_dict
 
 MIXED = ["sliding_attention", "full_attention", "sliding_attention"]  # some layers full, some sliding
 D2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
 
 
 def cfg_dict(dflash: dict | None = None, **kw):
-    c = {
-        "hidden_size": 32,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 8,
-        "intermediate_size": 64,
-        "vocab_size": 50,
-        "block_size": 4,
-        "dflash_config": {"mask_token_id": 49, "target_layer_ids": [0, 2], **(dflash or {})},
-    }
-    c.update(kw)
-    return c
+    return tiny_cfg_dict(layers=3, dflash=dflash, **kw)
 
 
 def random_drafter(cfg):

@@ -19,22 +19,11 @@ from sglang_dflash.model.drafter import DFlashDrafter
 from sglang_dflash.pipeline.context_kv import write_context
 from sglang_dflash.testing.dense_drafter import dense_reference
 from sglang_dflash.pipeline.target_sampling import SamplingRows, target_tokens
+from sglang_dflash.testing.tiny_config import tiny_cfg_dict
 
 
 def cfg_dict(**kw):
-    c = {
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 8,
-        "intermediate_size": 64,
-        "vocab_size": 50,
-        "block_size": 4,
-        "dflash_config": {"mask_token_id": 49, "target_layer_ids": [0, 2]},
-    }
-    c.update(kw)
-    return c
+    return tiny_cfg_dict(**kw)
 
 
 def test_layer_id_convention():

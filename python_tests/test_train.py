@@ -17,6 +17,7 @@ from sglang_dflash.pipeline.context_kv import write_context
 from sglang_dflash.testing.tiny_models import tiny_model_cache
 from sglang_dflash.train import export, features, prompts, trainer
 from sglang_dflash.train.blocks import Seq, block_hidden
+from sglang_dflash.testing.tiny_config import tiny_cfg_dict
 
 
 def test_prompts_deterministic_and_split_disjoint():
@@ -36,21 +37,7 @@ def test_prompts_deterministic_and_split_disjoint():
 
 
 def _tiny_drafter(block: int):
-    cfg = parse_drafter_config(
-        {
-            "hidden_size": 32,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 8,
-            "intermediate_size": 64,
-            "vocab_size": 50,
-            "block_size": block,
-            "rope_theta": 1e4,
-            "dflash_config": {"mask_token_id": 49, "target_layer_ids": [0, 2]},
-        },
-        4,
-    )
+    cfg = parse_drafter_config(tiny_cfg_dict(block_size=block, rope_theta=1e4), 4)
     torch.manual_seed(0)
     model = DFlashDrafter(cfg).eval()
     for p in model.parameters():
