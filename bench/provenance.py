@@ -79,6 +79,22 @@ def arm_extra(extra: list[str], match_sched: bool) -> list[str]:
     return [*extra, *SCHED_FLAGS] if match_sched else list(extra)
 
 
+def arm(name: str, draft: str, extra: list[str], match_sched: bool):
+    """Arm name -> (drafter or None, server flags, environment). `plain`: no speculation;
+    `fixed<W>`: block W, width pinned to W; `adaptive`: block 16 (`adaptive<B>`: block B), width
+    chosen by the controller (the default)."""
+    from sglang_dflash import env
+
+    if name == "plain":
+        return None, arm_extra(list(extra), match_sched), {}
+    for kind in ("fixed", "adaptive"):
+        if name.startswith(kind) and (name[len(kind) :].isdigit() or name == "adaptive"):
+            block = int(name[len(kind) :] or 16)
+            flags = arm_extra([*extra, "--speculative-num-draft-tokens", str(block)], match_sched)
+            return draft, flags, {env.WIDTH.name: str(block)} if kind == "fixed" else {}
+    raise SystemExit(f"--arms: unknown arm {name!r} (plain, fixed<W>, adaptive, adaptive<B>)")
+
+
 def server_argv(model: str, draft: str | None, dtype: str, extra: list[str]) -> list[str]:
     from sglang_dflash.testing.servers import server_cmd
 

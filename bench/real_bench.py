@@ -1,14 +1,16 @@
 """`make bench`: the embedded real model (SmolLM2-135M-Instruct) with and without DFLASH, side by side
-in ONE run on this machine: the same server command without speculation and with the shipped
-drafter at block sizes 16 and 8, held-out prompts of the drafter's training recipe (never trained
-on), concurrency 1 / 4 / 16, temperature 0 and 1.
+in ONE run on this machine: the same server command without speculation (plain), with the shipped
+drafter verifying the whole block every step (fixed16: SGLANG_DFLASH_WIDTH=16), and with the
+default cost-aware verify width (adaptive), held-out prompts of the drafter's training recipe
+(never trained on), concurrency 1 / 4 / 16 / 32, temperature 0 and 1.
+Arms: `plain`, `fixed<W>` (block 16, width pinned to W), `adaptive` (block 16), `adaptive<B>`.
 
 Design (so a noisy 2-core machine cannot decide a ratio; one server at a time):
 - Every arm gets the same scheduler flags (bench/provenance.py SCHED_FLAGS: DFLASH forces no
   overlap scheduling and 48 running requests, so plain gets them too; --no-match-sched to drop
   them, which each row then reports).
-- --repeats N (default 2): the whole arm sequence runs N times, ABBA order (plain, b16, b8 then
-  b8, b16, plain), a fresh server per arm and repeat. Each server gets the same warm-up (2
+- --repeats N (default 2): the whole arm sequence runs N times, ABBA order (plain, fixed16,
+  adaptive then adaptive, fixed16, plain), a fresh server per arm and repeat. Each server gets the same warm-up (2
   prompts x 8 tokens at every temperature, excluded from the numbers), and the prefix cache is
   flushed (POST /flush_cache) before every row, warm-up included.
 - A row's speedup is paired: its tok/s over plain's tok/s in the same repeat; rows report mean,
@@ -16,11 +18,12 @@ Design (so a noisy 2-core machine cannot decide a ratio; one server at a time):
 
 Per configuration: output tokens/s, speedup, tau (provenance.tau: committed tokens / verify
 steps, pooled over requests and repeats; the server's sglang:dflash_accept_length histogram is
-kept as tau_hist), TTFT and inter-token latency p50/p99 (streaming clients, pooled over repeats),
-and the provenance (commit, dirty flag, both arms' server argv). Writes
+kept as tau_hist), the verify widths chosen (steps per width, from sglang:dflash_verify_width),
+seconds per stage (draft / verify / kv_write), TTFT and inter-token latency p50/p99 (streaming
+clients, pooled over repeats), and the provenance (commit, dirty flag, both arms' server argv). Writes
 bench/results/real_bench.jsonl and real_bench.png.
 
-python bench/real_bench.py [--blocks 16 8] [--concurrency 1 4 16] [--temperatures 0 1] [--dtype bfloat16]
+python bench/real_bench.py [--arms plain fixed16 adaptive] [--concurrency 1 4 16 32] [--temperatures 0 1]
                            [--repeats 2] [--no-match-sched]
 """
 
@@ -82,18 +85,26 @@ def stream_one(url: str, ids: list[int], max_new: int, temperature: float, seed:
     return {"meta": meta, "ttft": ttft, "itl": gaps}
 
 
-def accept_hist(url: str) -> tuple[dict[int, float], dict[str, float]]:
-    """Cumulative sglang:dflash_accept_length bucket counts {le: count} and stage seconds {stage: s}."""
-    out, stages = {}, {}
+def accept_hist(url: str) -> tuple[dict[int, float], dict[str, float], dict[int, float]]:
+    """Cumulative sglang:dflash_accept_length bucket counts {le: count}, stage seconds {stage: s} and
+    cumulative sglang:dflash_verify_width bucket counts {le: steps}."""
+    out, stages, widths = {}, {}, {}
     for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("sglang:dflash_accept_length_bucket"):
-            le = line.split('le="')[1].split('"')[0]
-            if le != "+Inf":
-                out[int(float(le))] = out.get(int(float(le)), 0) + float(line.split()[-1])
+        for name, into in (("sglang:dflash_accept_length_bucket", out), ("sglang:dflash_verify_width_bucket", widths)):
+            if line.startswith(name):
+                le = line.split('le="')[1].split('"')[0]
+                if le != "+Inf":
+                    into[int(float(le))] = into.get(int(float(le)), 0) + float(line.split()[-1])
         for stage in ("draft", "verify", "kv_write"):
             if line.startswith(f"sglang:dflash_{stage}_seconds_sum"):
                 stages[stage] = stages.get(stage, 0.0) + float(line.split()[-1])
-    return out, stages
+    return out, stages, widths
+
+
+def per_bucket(before: dict, after: dict) -> dict:
+    """Cumulative bucket counts at two times -> counts per bucket in between."""
+    cum = {k: after.get(k, 0) - before.get(k, 0) for k in sorted(after)}
+    return {k: cum[k] - cum.get(k - 1, 0) for k in cum}
 
 
 def pct(xs, q):
@@ -104,13 +115,12 @@ def pct(xs, q):
 def run(srv, batch, conc, max_new, temp):
     """One measured row on a warm server whose prefix cache is flushed first."""
     provenance.flush_cache(srv.url)
-    before, st0 = accept_hist(srv.url)
+    before, st0, w0 = accept_hist(srv.url)
     t = time.perf_counter()
     with cf.ThreadPoolExecutor(conc) as ex:
         outs = list(ex.map(lambda a: stream_one(srv.url, a[1], max_new, temp, a[0]), enumerate(batch)))
     wall = time.perf_counter() - t
-    after, st1 = accept_hist(srv.url)
-    cum = {k: after.get(k, 0) - before.get(k, 0) for k in sorted(after)}
+    after, st1, w1 = accept_hist(srv.url)
     metas = [o["meta"] for o in outs]
     return {
         "concurrency": conc,
@@ -119,7 +129,8 @@ def run(srv, batch, conc, max_new, temp):
         "metas": metas,
         "tok_s": sum(m.get("completion_tokens", 0) for m in metas) / wall,
         "wall_s": wall,
-        "hist": {k: cum[k] - cum.get(k - 1, 0) for k in cum},
+        "hist": per_bucket(before, after),
+        "widths": per_bucket(w0, w1),
         "stage_s": {k: st1[k] - st0.get(k, 0.0) for k in st1},
         "ttft": [o["ttft"] for o in outs],
         "itl": [g for o in outs for g in o["itl"]],
@@ -138,10 +149,12 @@ def collate(runs, prov, argv, match_sched, max_new):
     rows = []
     for (cfg, temp, conc), agg in summary.items():
         rs = [r for r in runs if (r["config"], r["temperature"], r["concurrency"]) == (cfg, temp, conc)]
-        hist, stage = {}, {}
+        hist, stage, widths = {}, {}, {}
         for r in rs:
             for k, v in r["hist"].items():
                 hist[k] = hist.get(k, 0) + v
+            for k, v in r.get("widths", {}).items():
+                widths[k] = widths.get(k, 0) + v
             for k, v in r["stage_s"].items():
                 stage[k] = stage.get(k, 0.0) + v
         itl, ttft = [g for r in rs for g in r["itl"]], [x for r in rs for x in r["ttft"]]
@@ -154,6 +167,7 @@ def collate(runs, prov, argv, match_sched, max_new):
                 "max_new_tokens": max_new,
                 **agg,
                 "tau_hist": {str(k): int(v) for k, v in sorted(hist.items()) if v},
+                "width_steps": {str(k): int(v) for k, v in sorted(widths.items()) if v},
                 "wall_s_runs": [round(r["wall_s"], 2) for r in rs],
                 "stage_s": {k: round(v, 3) for k, v in stage.items()},
                 "ttft_p50": pct(ttft, 0.5),
@@ -204,10 +218,10 @@ def main():
     ap.add_argument("--model")
     ap.add_argument("--draft")
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--blocks", type=int, nargs="+", default=[16, 8])
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--arms", nargs="+", default=["plain", "fixed16", "adaptive"])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     provenance.add_method_args(ap)
     ap.add_argument("--out", default=os.path.join(RESULTS, "real_bench.jsonl"))
@@ -221,23 +235,17 @@ def main():
     a.model = a.model or derive()
     a.draft = a.draft or shipped_drafter()
     batch = heldout_prompts(AutoTokenizer.from_pretrained(a.model), a.requests)
-    arms = {}
-    for block in [None, *a.blocks]:
-        spec = [] if block is None else ["--speculative-num-draft-tokens", str(block)]
-        arms["plain" if block is None else f"dflash-b{block}"] = (
-            None if block is None else a.draft,
-            provenance.arm_extra(["--enable-metrics", *spec], a.match_sched),
-        )
-    argv = {cfg: provenance.server_argv(a.model, d, a.dtype, extra) for cfg, (d, extra) in arms.items()}
+    arms = {name: provenance.arm(name, a.draft, ["--enable-metrics"], a.match_sched) for name in a.arms}
+    argv = {cfg: provenance.server_argv(a.model, d, a.dtype, extra) for cfg, (d, extra, _) in arms.items()}
     runs = []
     for rep in range(a.repeats):
         for cfg in provenance.arm_order(list(arms), rep):
-            draft, extra = arms[cfg]
-            with launch(a.model, draft, a.dtype, extra=extra, name=f"real-bench-{cfg}-r{rep}") as srv:
+            draft, extra, env = arms[cfg]
+            with launch(a.model, draft, a.dtype, extra=extra, env=env, name=f"real-bench-{cfg}-r{rep}") as srv:
                 warm_up(srv, batch, a.temperatures)
                 for temp in a.temperatures:
                     for c in a.concurrency:
-                        n = max(c, min(len(batch), 2 * c if c > 1 else 6))
+                        n = min(len(batch), max(c, 2 * c if c < 16 else c, 6))
                         r = {"config": cfg, "repeat": rep, **run(srv, batch[:n], c, a.max_new_tokens, temp)}
                         print(
                             json.dumps({k: r[k] for k in ("config", "repeat", "temperature", "concurrency", "tok_s")}),
@@ -245,6 +253,8 @@ def main():
                         )
                         runs.append(r)
     rows = collate(runs, prov, argv, a.match_sched, a.max_new_tokens)
+    for r in rows:
+        r["env"] = arms[r["config"]][2]
     with open(a.out, "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
@@ -252,8 +262,8 @@ def main():
     dirty = " (dirty tree)" if prov["dirty"] else ""
     print(f"commit {prov['commit']}{dirty}; {a.repeats} repeats; scheduler flags matched: {a.match_sched}")
     print(
-        "| config | T | conc | tok/s (min-max) | speedup (min-max) | tau | TTFT p50/p99 s | ITL p50/p99 ms |\n"
-        "|---|---|---|---|---|---|---|---|"
+        "| config | T | conc | tok/s (min-max) | speedup (min-max) | tau | widths (steps) | TTFT p50/p99 s "
+        "| ITL p50/p99 ms |\n|---|---|---|---|---|---|---|---|---|"
     )
     for r in rows:
         tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
@@ -261,9 +271,15 @@ def main():
             f"| {r['config']} | {r['temperature']:g} | {r['concurrency']} "
             f"| {r['tok_s']:.1f} ({r['tok_s_min']:.1f}-{r['tok_s_max']:.1f}) "
             f"| {r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) "
-            f"| {tau} | {r['ttft_p50']:.2f} / {r['ttft_p99']:.2f} "
+            f"| {tau} | {widths(r)} | {r['ttft_p50']:.2f} / {r['ttft_p99']:.2f} "
             f"| {1000 * r['itl_p50']:.0f} / {1000 * r['itl_p99']:.0f} |"
         )
+
+
+def widths(row) -> str:
+    steps = row.get("width_steps") or {}
+    total = sum(steps.values())
+    return ", ".join(f"{w}: {100 * n / total:.0f}%" for w, n in steps.items()) if total else "-"
 
 
 if __name__ == "__main__":

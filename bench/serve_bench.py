@@ -1,5 +1,5 @@
 """Side-by-side serving benchmark in ONE run: the same server command without speculation and
-with DFLASH (block sizes given), at several concurrencies. Writes JSONL (one row per config and
+with DFLASH (arms as in real_bench.py: plain, fixed<W>, adaptive), at several concurrencies. Writes JSONL (one row per config and
 concurrency) and prints a table; ratios (speedup) are against plain decoding measured in this run.
 
 Same design as real_bench.py (see bench/provenance.py): every arm gets the scheduler flags DFLASH
@@ -9,7 +9,7 @@ tokens, excluded) and a prefix-cache flush before every row; a speedup is paired
 and rows report mean/min/max/stdev over repeats; tau = committed tokens / verify steps; every row
 carries the commit, a dirty flag and both arms' server argv.
 
-python bench/serve_bench.py --model M --draft D [--blocks 16 8] [--concurrency 1 4 16] [--repeats 2]
+python bench/serve_bench.py --model M --draft D [--arms plain fixed16 adaptive] [--concurrency 1 4 16] [--repeats 2]
 (no --model: the tiny steered pair `make serve` uses)."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def main():
     ap.add_argument("--model")
     ap.add_argument("--draft")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--blocks", type=int, nargs="+", default=[16, 8])
+    ap.add_argument("--arms", nargs="+", default=["plain", "fixed16", "adaptive"])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -62,18 +62,13 @@ def main():
 
         a.model, a.draft = build_pair(os.path.expanduser("~/.cache/sglang_dflash/serve"))
     batch = prompts(a.requests, seed=2, max_len=256)
-    arms = {"plain": (None, provenance.arm_extra([], a.match_sched))}
-    for block in a.blocks:
-        arms[f"dflash-b{block}"] = (
-            a.draft,
-            provenance.arm_extra(["--speculative-num-draft-tokens", str(block)], a.match_sched),
-        )
-    argv = {cfg: provenance.server_argv(a.model, d, a.dtype, extra) for cfg, (d, extra) in arms.items()}
+    arms = {name: provenance.arm(name, a.draft, [], a.match_sched) for name in a.arms}
+    argv = {cfg: provenance.server_argv(a.model, d, a.dtype, extra) for cfg, (d, extra, _) in arms.items()}
     runs = []
     for rep in range(a.repeats):
         for cfg in provenance.arm_order(list(arms), rep):
-            draft, extra = arms[cfg]
-            with launch(a.model, draft, a.dtype, extra=extra, name=f"bench-{cfg}-r{rep}") as srv:
+            draft, extra, env = arms[cfg]
+            with launch(a.model, draft, a.dtype, extra=extra, env=env, name=f"bench-{cfg}-r{rep}") as srv:
                 run_config(srv, batch[:2], 2, 8, a.temperature)  # warm-up, identical for every arm
                 for c in a.concurrency:
                     runs.append(
@@ -93,6 +88,7 @@ def main():
                 "latency_p50": statistics.median(lat),
                 "latency_p99": lat[int(0.99 * (len(lat) - 1))],
                 **provenance.row_fields(prov, argv, cfg, a.match_sched),
+                "env": arms[cfg][2],
             }
         )
     with open(a.out, "w") as f:

@@ -9,7 +9,8 @@ completed greedy request equals plain decoding (a plain server started after the
 Every request ends as exactly one of completed / aborted / disconnected / error; a non-2xx answer
 (or an error event in a stream) on ANY path, abort and disconnect included, is an error.
 
-python bench/soak.py [--requests 600] [--concurrency 32]   -> bench/results/soak.jsonl
+python bench/soak.py [--requests 600] [--concurrency 32] [--real]   -> bench/results/soak.jsonl
+(--real: the embedded SmolLM2 and the shipped drafter, float32, instead of the tiny steered pair)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import provenance  # noqa: E402
-from sglang_dflash.testing.servers import launch  # noqa: E402
+from sglang_dflash.testing.servers import dflash_state, launch  # noqa: E402
 
 CONTEXT, MAX_TOTAL = 2048, 3072
 
@@ -126,11 +127,11 @@ def rss_mb(pid: int) -> float:
     return total / 1024
 
 
-def soak(target: str, drafter: str, n: int, concurrency: int, seed: int = 0) -> dict:
+def soak(target: str, drafter: str, n: int, concurrency: int, seed: int = 0, dtype: str = "float32") -> dict:
     jobs = plan(n, seed)
     results, rss, every = [], {}, max(n // 6, 1)  # memory marks: 6 per run (every 100 of 600)
     extra = ["--context-length", str(CONTEXT), "--max-total-tokens", str(MAX_TOTAL), "--enable-metrics"]
-    with launch(target, drafter, "float32", extra=extra, name="soak-dflash") as srv:
+    with launch(target, drafter, dtype, extra=extra, name="soak-dflash") as srv:
         t0 = time.perf_counter()
         with cf.ThreadPoolExecutor(concurrency) as ex:
             for rec in ex.map(lambda j: one(srv.url, j), jobs):
@@ -146,13 +147,14 @@ def soak(target: str, drafter: str, n: int, concurrency: int, seed: int = 0) -> 
         load = load[0] if isinstance(load, list) else load.get("loads", [load])[0]
         metrics = requests.get(srv.url + "/metrics", timeout=30).text
         log = srv.log()
+        state = dflash_state(srv)  # the width controller's choices: it must have switched
     retracted = sum(
         float(line.split()[-1])
         for line in metrics.splitlines()
         if line.startswith("sglang:num_retracted_requests_total")
     )
     greedy = [r for r in results if r["kind"] == "greedy" and r["status"] == "completed"]
-    with launch(target, None, "float32", extra=extra[:4], name="soak-plain") as plain:
+    with launch(target, None, dtype, extra=extra[:4], name="soak-plain") as plain:
         with cf.ThreadPoolExecutor(concurrency) as ex:
             refs = list(
                 ex.map(lambda r: plain.generate(jobs[r["i"]]["ids"], jobs[r["i"]]["max_new"])["output_ids"], greedy)
@@ -196,9 +198,11 @@ def soak(target: str, drafter: str, n: int, concurrency: int, seed: int = 0) -> 
         "leak_reported": "leak" in log.lower(),
         "rss_mb": {str(k): round(v) for k, v in rss.items()},
         "rss_growth_mb": round(rss[marks[-1]] - rss[marks[1]]) if len(marks) >= 2 else None,
+        "width_mode": state.get("width_mode"),
+        "width_steps": state.get("width_steps"),
         "argv": {
-            "dflash": provenance.server_argv(target, drafter, "float32", extra),
-            "plain": provenance.server_argv(target, None, "float32", extra[:4]),
+            "dflash": provenance.server_argv(target, drafter, dtype, extra),
+            "plain": provenance.server_argv(target, None, dtype, extra[:4]),
         },
     }
 
@@ -207,13 +211,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--real", action="store_true", help="the embedded SmolLM2 + shipped drafter (float32)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "soak.jsonl"))
     args = ap.parse_args()
-    from sglang_dflash.testing.serve_assets import build_pair
-
     prov = provenance.stamp()  # the commit measured, taken before the run writes anything
-    target, drafter = build_pair(os.path.expanduser("~/.cache/sglang_dflash/serve"))
+    if args.real:  # float32, so every greedy output must equal plain decoding exactly
+        from sglang_dflash.drafters import shipped_drafter
+        from sglang_dflash.embedded import derive
+
+        target, drafter = derive(), shipped_drafter()
+    else:
+        from sglang_dflash.testing.serve_assets import build_pair
+
+        target, drafter = build_pair(os.path.expanduser("~/.cache/sglang_dflash/serve"))
     fig = soak(target, drafter, args.requests, args.concurrency)
+    fig["model"] = "embedded SmolLM2-135M + shipped drafter" if args.real else "tiny steered pair"
     fig.update({k: prov[k] for k in ("commit", "dirty", "dirty_files", "time")})
     print(json.dumps(fig, indent=1))
     with open(args.out, "a") as f:

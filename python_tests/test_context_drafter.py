@@ -8,6 +8,7 @@ step count, while the output stays lossless.
 import pytest
 import torch
 
+from sglang_dflash import env as dflash_env
 from sglang_dflash.testing.servers import assert_lossless, generate_all, launch, reference
 from sglang_dflash.testing import context_drafter as cd
 from sglang_dflash.testing.tiny_drafter import make_tiny_drafter
@@ -63,33 +64,73 @@ def test_offline_tau_beats_random_drafter(ref, context_pair, tmp_path):
     assert base < 1.15 and ours > 1.8 and ours > base + 0.6, (ours, base)
 
 
-@pytest.mark.server
-def test_served_tau_equals_offline_walk(context_pair, ref):
-    """Served DFLASH (block cd.BLOCK) is lossless, and its verify steps per request are those of
-    the offline walk over the plain outputs. In float32 the served drafter differs from the dense
-    reference only by rounding (paged vs dense attention, SGLang's vs HF's target features), which
-    moves a draft only at a near-tie of its top-2 logits: a few requests may differ by a step, so
-    at least 14/16 must match exactly and the aggregate tau must agree within 2%."""
-    target, drafter = context_pair
+@pytest.fixture(scope="module")
+def plain_refs(context_pair, ref):
+    """The held-out prompts, HF's greedy answers, and the plain server's outputs for them."""
     prompts, hf_outs = held(ref)
-    with launch(target, None, "float32", name="plain-context") as plain:
+    with launch(context_pair[0], None, "float32", name="plain-context") as plain:
         refs = reference(plain, prompts, MAX_NEW)
-    with launch(
-        target, drafter, "float32", name="dflash-context", extra=["--speculative-num-draft-tokens", str(cd.BLOCK)]
-    ) as srv:
-        got = generate_all(srv, prompts, MAX_NEW)
+    return prompts, hf_outs, refs
+
+
+def compare_with_walk(ref, prompts, refs, got, widths=None):
+    """Lossless, and per-request verify steps == the offline walk's (at least 14/16; see below)."""
     assert_lossless(refs, got, F32_TIE)
     outs = [r["output_ids"] for r in refs]
     assert all(len(o) == MAX_NEW for o in outs)
-    print("plain server == HF greedy on", sum(o == h for o, h in zip(outs, hf_outs)), "of", len(outs))
-    walk = cd.offline_walk(ref, prompts, outs, cd.BLOCK)
+    walk = cd.offline_walk(ref, prompts, outs, cd.BLOCK, widths)
     steps = [o["meta_info"]["spec_verify_ct"] for o in got]
     served = sum(o["meta_info"]["completion_tokens"] for o in got) / sum(steps)
     offline = aggregate(walk, outs)
-    print(f"served tau {served:.3f}, offline tau {offline:.3f}")
+    print(f"widths {widths}: served tau {served:.3f}, offline tau {offline:.3f}")
     print("served steps ", steps)
     print("offline steps", [w["steps"] for w in walk])
-    assert served > 1.8
     same = sum(s == w["steps"] for s, w, o, g in zip(steps, walk, outs, got) if g["output_ids"] == o)
     assert same >= len(prompts) - 2, (steps, [w["steps"] for w in walk])
     assert abs(served - offline) <= 0.02 * offline, (served, offline)
+    return served
+
+
+@pytest.mark.server
+def test_served_tau_equals_offline_walk(context_pair, ref, plain_refs):
+    """Served DFLASH (block cd.BLOCK, width pinned to it) is lossless, and its verify steps per
+    request are those of the offline walk over the plain outputs. In float32 the served drafter
+    differs from the dense reference only by rounding (paged vs dense attention, SGLang's vs HF's
+    target features), which moves a draft only at a near-tie of its top-2 logits: a few requests
+    may differ by a step, so at least 14/16 must match exactly and the aggregate tau within 2%."""
+    target, drafter = context_pair
+    prompts, hf_outs, refs = plain_refs
+    print("plain server == HF greedy on", sum(r["output_ids"] == h for r, h in zip(refs, hf_outs)), "of", len(refs))
+    with launch(
+        target,
+        drafter,
+        "float32",
+        name="dflash-context",
+        env={dflash_env.WIDTH.name: str(cd.BLOCK)},
+        extra=["--speculative-num-draft-tokens", str(cd.BLOCK)],
+    ) as srv:
+        got = generate_all(srv, prompts, MAX_NEW)
+    assert compare_with_walk(ref, prompts, refs, got) > 1.8
+
+
+CYCLE = [cd.BLOCK, 1, 1, cd.BLOCK, 2, 1, cd.BLOCK]
+
+
+@pytest.mark.server
+def test_paused_speculation_resumes_with_full_context(context_pair, ref, plain_refs):
+    """Widths cycling B -> 1 -> 1 -> B -> 2 -> 1 -> B per request: a width-1 step runs no draft but
+    still writes the drafter's context K/V for the token it commits, so every block drafted after a
+    pause accepts what the offline walk with the full context predicts (tau as if never paused).
+    Requests run one at a time, so the cycle position is the request's own step number."""
+    target, drafter = context_pair
+    prompts, _, refs = plain_refs
+    with launch(
+        target,
+        drafter,
+        "float32",
+        name="dflash-context-cycle",
+        env={dflash_env.DEBUG_WIDTH_CYCLE.name: ",".join(map(str, CYCLE))},
+        extra=["--speculative-num-draft-tokens", str(cd.BLOCK)],
+    ) as srv:
+        got = [srv.generate(p, MAX_NEW) for p in prompts]
+    compare_with_walk(ref, prompts, refs, got, CYCLE)

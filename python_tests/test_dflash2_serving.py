@@ -1,7 +1,8 @@
 """A DFlash 2 checkpoint made on the fly serves losslessly through the real server (float32):
 greedy output token-identical to plain decoding (best path through the selector's candidates),
-penalties exact, and sampled requests (sampled paths + rejection sampling against q) reproducible
-by seed while greedy requests in the same batches stay exact."""
+penalties exact, seeded sampled requests reproducible by seed (they draft the best path and are
+verified by sample-and-match, so verify widths cannot move their draws) while greedy requests in the
+same batches stay exact, and unseeded sampled requests (sampled paths + rejection against q) served."""
 
 import concurrent.futures as cf
 import os
@@ -70,4 +71,14 @@ def test_dflash2_sampling_is_seeded_and_keeps_greedy_exact(served):
     assert [o["output_ids"] for o in again] == [o["output_ids"] for o in first[8:]]
     assert any(o["output_ids"] != r["output_ids"] for o, r in zip(first[8:], refs[:8]))
     ct = sum(o["meta_info"]["spec_verify_ct"] for o in first[8:])
-    print(f"DFlash 2 sampled tau {sum(len(o['output_ids']) for o in first[8:]) / ct:.2f}")
+    print(f"DFlash 2 seeded sampled tau {sum(len(o['output_ids']) for o in first[8:]) / ct:.2f}")
+    # unseeded: sampled paths verified by rejection against q, beside greedy rows that stay exact
+    jobs = [(p, {"temperature": 0}) for p in PROMPTS[:8]] + [(p, {"temperature": 1.0}) for p in PROMPTS[8:]]
+    with cf.ThreadPoolExecutor(16) as ex:
+        mixed = list(ex.map(lambda j: srv.generate(j[0], MAX_NEW, **j[1]), jobs))
+    assert_lossless(refs[:8], mixed[:8], 1e-4)
+    assert all(
+        len(o["output_ids"]) == MAX_NEW for o in mixed[8:] if o["meta_info"]["finish_reason"]["type"] == "length"
+    )
+    ct = sum(o["meta_info"]["spec_verify_ct"] for o in mixed[8:])
+    print(f"DFlash 2 rejection-sampled tau {sum(len(o['output_ids']) for o in mixed[8:]) / ct:.2f}")

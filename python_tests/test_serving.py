@@ -171,6 +171,8 @@ def scrape(srv):
         for smp in fam.samples:
             if smp.name.startswith("sglang:dflash"):
                 key = smp.name + ("{position=%s}" % smp.labels["position"] if "position" in smp.labels else "")
+                key += '{le="%s"}' % smp.labels["le"] if "le" in smp.labels else ""
+                key += "{width=%s}" % smp.labels["width"] if "width" in smp.labels else ""
                 vals[key] = vals.get(key, 0.0) + smp.value
             assert "model_name" in smp.labels or not smp.name.startswith("sglang:dflash")
     return vals
@@ -186,13 +188,20 @@ def test_dflash_metrics_match_meta_info(mixed):
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     metas = [o["meta_info"] for o in outs]
     verify = sum(m["spec_verify_ct"] for m in metas)
-    assert d["sglang:dflash_drafts_total"] == verify
-    assert d["sglang:dflash_draft_tokens_total"] == sum(m["spec_num_proposed_drafts"] for m in metas)
+    # requests ran one at a time: one request per step, one width observation per verify step
+    assert d["sglang:dflash_verify_width_count"] == verify
+    plain_steps = d['sglang:dflash_verify_width_bucket{le="1.0"}']  # width 1: no draft
+    drafted = verify - plain_steps
+    assert drafted > 0, "the controller never speculated on the mixed pair"
+    assert d["sglang:dflash_drafts_total"] == drafted
+    assert d["sglang:dflash_draft_tokens_total"] == d["sglang:dflash_verify_width_sum"] - verify
     per_pos = [d.get("sglang:dflash_accepted_tokens_total{position=%d}" % j, 0) for j in range(1, 16)]
     assert sum(per_pos) == sum(m["spec_num_correct_drafts"] for m in metas)
     assert per_pos == sorted(per_pos, reverse=True) and per_pos[0] > 0
-    assert d["sglang:dflash_accept_length_count"] == verify
-    assert d["sglang:dflash_accept_length_sum"] == sum(m["completion_tokens"] - 1 for m in metas)
+    assert d["sglang:dflash_accept_length_count"] == drafted
+    assert d["sglang:dflash_accept_length_sum"] == sum(m["completion_tokens"] - 1 for m in metas) - plain_steps
+    rates = [v for k, v in after.items() if k.startswith("sglang:dflash_expected_tokens_per_second{width=")]
+    assert len(rates) == 5 and all(r > 0 for r in rates), rates  # one gauge per candidate width
     for stage in ("draft", "verify", "kv_write"):  # requests ran one at a time: one step per verify
         assert d[f"sglang:dflash_{stage}_seconds_count"] == verify
 

@@ -1,8 +1,12 @@
 """Unit tests of the plain-torch stages: config, block, draft (vs a dense reference), accept, verify."""
 
+import sys
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+from sglang_dflash.pipeline import attention
 from sglang_dflash.pipeline.accept import accept_block, stop_table
 from sglang_dflash.pipeline.attention import TorchBlockAttention
 from sglang_dflash.pipeline.block import block_slots, build_block
@@ -20,6 +24,7 @@ from sglang_dflash.pipeline.context_kv import write_context
 from sglang_dflash.testing.dense_drafter import dense_reference
 from sglang_dflash.pipeline.target_sampling import SamplingRows, target_tokens
 from sglang_dflash.testing.tiny_config import tiny_cfg_dict
+from sglang_dflash.srt.verify_backend import torch_native_verify
 
 
 def cfg_dict(**kw):
@@ -200,3 +205,95 @@ def test_stage_clock_reports_each_stage_in_order():
         clock.mark(stage)
     secs = clock.seconds()
     assert list(secs) == ["draft", "verify", "kv_write"] and all(v > 0 for v in secs.values())
+
+
+# --- batched CPU attention (pipeline/attention.py) vs the per-request loop it replaced ---------------
+
+
+def looped(q, kc, vc, kv_slots, B, window=None, causal=False):
+    """The old per-request loops: verify_attention (causal) and TorchBlockAttention (window or none)."""
+    out, t = torch.empty_like(q), lambda x: x.transpose(0, 1).unsqueeze(0)
+    for i, slots in enumerate(kv_slots):
+        prefix, r = slots.numel() - B, slice(i * B, (i + 1) * B)
+        start = 0 if window is None else max(0, prefix - window + 1)
+        j, p = start + torch.arange(prefix + B - start)[None, :], prefix + torch.arange(B)[:, None]
+        mask = j <= p if causal else None if window is None else (j >= prefix) | (j > p - window)
+        k, v = t(kc[slots[start:]]), t(vc[slots[start:]])
+        o = torch.nn.functional.scaled_dot_product_attention(t(q[r]), k, v, mask, scale=0.125, enable_gqa=True)
+        out[r] = o.squeeze(0).transpose(0, 1)
+    return out
+
+
+def paged_pool(prefix, B, layers=1):
+    """Shuffled paged KV [layers, S, 3, 64]; req_to_token rows past a request's length hold other live slots."""
+    g, lens = torch.Generator().manual_seed(0), [p + B for p in prefix]
+    S = sum(lens) + 8
+    k, v = torch.randn(layers, S, 3, 64, generator=g), torch.randn(layers, S, 3, 64, generator=g)
+    req_to_token = torch.randint(0, S, (6 + len(prefix), max(lens) + 5), generator=g, dtype=torch.int32)
+    rpi = torch.randperm(req_to_token.shape[0], generator=g)[: len(prefix)]
+    kv_slots = list(torch.randperm(S, generator=g)[: sum(lens)].split(lens))
+    for r, s in zip(rpi.tolist(), kv_slots):
+        req_to_token[r, : s.numel()] = s
+    return k, v, req_to_token, rpi, kv_slots
+
+
+RAGGED = [0, 5, 731, 40, 300, 290]  # an empty prefix, a long one; 3 length groups, rows out of order
+WINDOWS = [None, 30, 2000, 3]  # full; smaller than the long prefix; larger than every prefix; smaller than B
+
+
+@pytest.mark.parametrize("B", [1, 4, 16])
+@pytest.mark.parametrize("path", ["hook", "one group"])
+def test_batched_verify_matches_loop(B, path, monkeypatch):
+    """GQA 9/3/64. hook: SGLang's torch_native verify (length groups); one group: no host lengths (CUDA)."""
+    # Its KV write needs SGLang's pool (sgl_kernel); this test writes nothing, so a stand-in module will do.
+    monkeypatch.setitem(sys.modules, "sglang.srt.mem_cache.memory_pool", SimpleNamespace(KVWriteLoc=None))
+    if path == "one group":
+        monkeypatch.setattr(attention, "host_lengths", lambda prefix: None)
+    (k, v, r2t, rpi, kv_slots), q = paged_pool(RAGGED, B), torch.randn(len(RAGGED) * B, 9, 64)
+    kv = SimpleNamespace(get_key_buffer=lambda i: k[i], get_value_buffer=lambda i: v[i])
+    backend = SimpleNamespace(token_to_kv_pool=kv, req_to_token_pool=SimpleNamespace(req_to_token=r2t))
+    fb = SimpleNamespace(batch_size=len(RAGGED), seq_lens=torch.tensor(RAGGED), seq_lens_cpu=None, req_pool_indices=rpi)
+    layer = SimpleNamespace(tp_q_head_num=9, qk_head_dim=64, v_head_dim=64, layer_id=0, scaling=0.125)
+    got = torch_native_verify(backend, q.reshape(q.shape[0], -1), None, None, layer, fb, save_kv_cache=False)
+    torch.testing.assert_close(got.view_as(q), looped(q, k[0], v[0], kv_slots, B, causal=True), rtol=0, atol=1e-5)
+
+
+def test_batched_verify_is_causal():
+    """Changing block row 2's K/V moves rows 2.. of that request only: a non-causal mask fails this."""
+    B, prefix = 4, [3, 0]
+    k, v, r2t, rpi, kv_slots = paged_pool(prefix, B)
+    q, table = torch.randn(2 * B, 9, 64), attention.slot_table(r2t, rpi, max(prefix) + B)
+    before = attention.verify_attention(q, k[0], v[0], table, torch.tensor(prefix), 0.125)
+    k[0, kv_slots[0][prefix[0] + 2]] += 3.0
+    after = attention.verify_attention(q, k[0], v[0], table, torch.tensor(prefix), 0.125)
+    assert torch.equal(after[:2], before[:2]) and torch.equal(after[B:], before[B:])
+    assert (after[2:B] - before[2:B]).abs().amax(dim=(1, 2)).min() > 1e-3
+
+
+@pytest.mark.parametrize("B", [1, 16])
+@pytest.mark.parametrize("form", ["slot lists", "slot table", "one group"])
+def test_batched_block_attention_matches_loop(B, form, monkeypatch):
+    """Drafting, GQA 9/3/64, a window per layer: each constructor form (and the CUDA one-group plan) == the loop."""
+    if form == "one group":  # no host lengths: one call, rows as given, full table width
+        monkeypatch.setattr(attention, "host_lengths", lambda prefix: None)
+    k, v, r2t, rpi, kv_slots = paged_pool(RAGGED, B, layers=len(WINDOWS))
+    block_slots, n = torch.cat([s[-B:] for s in kv_slots]), len(RAGGED) * B
+    prefix = None if form == "slot lists" else torch.tensor(RAGGED)
+    table = kv_slots if prefix is None else attention.slot_table(r2t, rpi, r2t.shape[1])
+    attend = TorchBlockAttention(k.clone(), v.clone(), table, block_slots, 0.125, WINDOWS, prefix=prefix)
+    for layer in range(len(WINDOWS)):
+        q, kb, vb = torch.randn(n, 9, 64), torch.randn(n, 3, 64), torch.randn(n, 3, 64)
+        k[layer, block_slots], v[layer, block_slots] = kb, vb  # what the class stores before attending
+        want = looped(q, k[layer], v[layer], kv_slots, B, WINDOWS[layer])
+        torch.testing.assert_close(attend(layer, q, kb, vb), want, rtol=0, atol=1e-5)
+
+
+def test_batch_masks_and_groups():
+    """batch_mask holds window_mask's rule row for row; length groups bound the padding."""
+    B, W, prefix, start = 4, 3, [0, 2, 9], [0, 0, 7]  # start: the first key inside any query's window
+    got = attention.batch_mask(torch.tensor(prefix), B, 12, torch.tensor(start), W)  # [bs, 1, B, 12]
+    for i, (p, s) in enumerate(zip(prefix, start)):
+        assert torch.equal(got[i, 0, :, : p + B - s], attention.window_mask(p, B, s, W, "cpu"))
+        assert not got[i, 0, :, p + B - s :].any()  # padding
+    # 800, 700 pad to 816 by at most 20%; 500 would pad by 316 keys; 116, 100 pad to 130 by < 64 keys
+    assert attention.length_groups([816, 800, 700, 500, 130, 116, 100]) == [(0, 3, 816), (3, 4, 500), (4, 7, 130)]

@@ -78,6 +78,18 @@ WERROR = EnvVar(
     False,
     "1: build the extension with warnings as errors (`make install` and the build tests; read by setup.py itself)",
 )
+WIDTH = EnvVar(
+    "SGLANG_DFLASH_WIDTH",
+    int,
+    0,
+    "verify width per step: 0 = chosen every step by the cost-aware controller; W (1..block) pins it",
+)
+PROFILE = EnvVar(
+    "SGLANG_DFLASH_PROFILE",
+    bool,
+    True,
+    "0: skip the start-up step-cost profile (the controller then verifies the full block until measured)",
+)
 CPU_SHIMS_LOGGED = EnvVar(
     "SGLANG_DFLASH_CPU_SHIMS_LOGGED", bool, False, "internal: set once the CPU `sgl_kernel` stand-in warning was shown"
 )
@@ -88,6 +100,18 @@ DEBUG_DUMP_DIR = EnvVar(
 )
 DEBUG_FAIL_DRAFT_EVERY = EnvVar(
     "SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY", int, 0, "fault injection: every Nth draft step raises (0: never)"
+)
+DEBUG_RANDOM_WIDTH = EnvVar(
+    "SGLANG_DFLASH_DEBUG_RANDOM_WIDTH",
+    int,
+    None,
+    "debug: draw the verify width at random every step from the candidates (value: the seed)",
+)
+DEBUG_WIDTH_CYCLE = EnvVar(
+    "SGLANG_DFLASH_DEBUG_WIDTH_CYCLE",
+    str,
+    None,
+    "debug: comma-separated widths cycled by the first request's verify step count (e.g. `16,1,1,16`)",
 )
 
 # ---- tests -----------------------------------------------------------------------------------

@@ -24,6 +24,14 @@ class Proposal:
     tokens: torch.Tensor  # [bs, B]: column 0 the anchor, columns 1.. the proposals
     cand_ids: Optional[torch.Tensor] = None  # [bs, B-1, K] DFlash 2 candidates per proposal slot
     q: Optional[torch.Tensor] = None  # [bs, B-1, K] the distribution each sampled slot was drawn from
+    q_rows: Optional[torch.Tensor] = None  # [bs] bool: rows drawn from q (verified by rejection); None: all
+
+    def first(self, width: int) -> "Proposal":
+        """The first `width` block rows (anchor + width-1 drafts): what a width-W step verifies."""
+        if width >= self.tokens.shape[1]:
+            return self
+        cut = lambda t: None if t is None else t[:, : width - 1]  # noqa: E731
+        return Proposal(self.tokens[:, :width], cut(self.cand_ids), cut(self.q), self.q_rows)
 
 
 @torch.inference_mode()
@@ -39,7 +47,8 @@ def propose(
 ) -> Proposal:
     """block_ids, positions [bs, B]; attend: non-causal attention over context + block per request.
     embed: token ids [N] -> [N, H] (the target's); logits_fn: [N, H] -> [N, V] (the target's LM head).
-    temperatures [bs] (<= 0 greedy) and gumbel [bs, B-1, K] noise: sampled DFlash 2 paths."""
+    temperatures [bs] (> 0: that row's path is sampled, with its q kept for rejection; <= 0: the
+    best path, a point mass) and gumbel [bs, B-1, K] noise: sampled DFlash 2 paths."""
     bs, block = block_ids.shape
     x = embed(block_ids.reshape(-1)).to(drafter.fc.weight.dtype)  # [bs*B, H]
     hidden = drafter(x, positions.reshape(-1), attend, block).view(bs, block, -1)
@@ -52,9 +61,10 @@ def propose(
         return Proposal(out)
     values, cand = selector.candidates(logits)  # [bs, B-1, K]
     edges = selector.edges(block_ids[:, 0], cand, values, slots)  # [bs, B-1, K, K]
-    idx, q = best_path(edges), None
+    idx, q, rows = best_path(edges), None, None
     if temperatures is not None and bool((temperatures > 0).any()):
+        rows = temperatures > 0
         sampled_idx, q = sample_path(edges, temperatures.clamp_min(1e-6), gumbel)
-        idx = torch.where((temperatures > 0)[:, None], sampled_idx, idx)
+        idx = torch.where(rows[:, None], sampled_idx, idx)
     out[:, 1:] = cand.gather(2, idx[..., None]).squeeze(2)
-    return Proposal(out, cand, q)
+    return Proposal(out, cand, q, rows)

@@ -44,7 +44,8 @@ def target_tokens(
 
     sampling None: every row greedy. sampling.seeds[i] makes request i reproducible: the noise at
     output position offsets[i] + j depends only on (seed, position), not on batching or acceptance
-    history. A proposal with q (DFlash 2 sampled paths) is verified by rejection against q."""
+    history. A proposal with q (DFlash 2 sampled paths) is verified by rejection against q in its
+    q_rows; its other rows (point-mass drafts) by sample-and-match."""
     bs = logits.shape[0] // block
     greedy = logits.argmax(dim=-1).view(bs, block)
     if sampling is None:
@@ -66,9 +67,11 @@ def target_tokens(
     sampled = race(probs, exponential(bs, block, probs.shape[1], seeds, offsets, TARGET, probs.device))
     sampled = sampled.view(bs, block)
     if proposal is not None and proposal.q is not None:
-        sampled = _rejection(
+        rejected = _rejection(
             probs.view(bs, block, -1), sampled, proposal.tokens, proposal.cand_ids, proposal.q, seeds, offsets
         )
+        rows = proposal.q_rows
+        sampled = rejected if rows is None else torch.where(rows.reshape(-1, 1), rejected, sampled)
     return torch.where(is_greedy[:, None], greedy, sampled)
 
 
@@ -99,6 +102,12 @@ def race(weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 
 def _filter(probs: torch.Tensor, top_ks: torch.Tensor, top_ps, min_ps) -> torch.Tensor:
     """probs [N, V] -> renormalized probs with top-k / top-p / min-p applied per row."""
+    vocab = probs.shape[1]
+    active = bool(((top_ks > 0) & (top_ks < vocab)).any())
+    active |= top_ps is not None and bool((top_ps < 1).any())
+    active |= min_ps is not None and bool((min_ps > 0).any())
+    if not active:  # nothing to cut: skip the vocabulary sort (draws use argmax(p / E): no renormalizing)
+        return probs
     sorted_p, idx = probs.sort(dim=-1, descending=True)
     ranks = torch.arange(probs.shape[1], device=probs.device)[None, :]
     keep = torch.ones_like(sorted_p, dtype=torch.bool)

@@ -32,6 +32,12 @@ def sampling_rows(batch) -> Optional[SamplingRows]:
     )
 
 
+def sampled_flags(batch) -> list[bool]:
+    """[bs] host-side: True for requests that sample (temperature > 0 and top_k != 1)."""
+    sps = [r.sampling_params for r in batch.reqs]
+    return [sp.top_k != 1 and sp.temperature > 0 for sp in sps]
+
+
 def _stop_ids(req, honour_ignore_eos: bool) -> set:
     sp, tok = req.sampling_params, req.tokenizer
     if honour_ignore_eos and sp.ignore_eos:

@@ -6,6 +6,8 @@ sglang:dflash_accepted_tokens_total{position=j}  drafts accepted at block positi
 sglang:dflash_accept_length                histogram of tokens committed per block (1..B, bonus included)
 sglang:dflash_{draft,verify,kv_write}_seconds     per-step stage times
 sglang:dflash_draft_failures_total         draft steps that raised (that batch decoded without a draft)
+sglang:dflash_verify_width                 histogram of the verify width chosen per step (1 = plain decode)
+sglang:dflash_expected_tokens_per_second{width=W}  the width controller's current estimate per width
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ import time
 from typing import Optional
 
 import torch
+
+
+def sync(device_type: str) -> None:
+    """Wait for queued device work (profiling: time the work, not its launch)."""
+    if device_type == "cuda":
+        torch.cuda.synchronize()
 
 
 class StageClock:
@@ -63,7 +71,7 @@ def scheduler_labels() -> dict:
 
 class DFlashMetrics:
     def __init__(self, block_size: int, labels: dict):
-        from prometheus_client import Counter, Histogram  # after SGLang set PROMETHEUS_MULTIPROC_DIR
+        from prometheus_client import Counter, Gauge, Histogram  # after SGLang set PROMETHEUS_MULTIPROC_DIR
 
         names = list(labels)
         self.labels, self.block = labels, block_size
@@ -76,6 +84,15 @@ class DFlashMetrics:
         self.accept_len = Histogram(
             "sglang:dflash_accept_length", "Tokens committed per block", names, buckets=list(range(1, block_size + 1))
         ).labels(**labels)
+        self.width = Histogram(
+            "sglang:dflash_verify_width", "Verify width chosen per step", names, buckets=list(range(1, block_size + 1))
+        ).labels(**labels)
+        self.rate = Gauge(
+            "sglang:dflash_expected_tokens_per_second",
+            "Width controller: expected committed tokens per second at each width",
+            names + ["width"],
+            multiprocess_mode="mostrecent",
+        )
         time_buckets = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
         self.times = {
             s: Histogram(f"sglang:dflash_{s}_seconds", f"DFlash {s} time per step", names, buckets=time_buckets).labels(
@@ -84,15 +101,21 @@ class DFlashMetrics:
             for s in ("draft", "verify", "kv_write")
         }
 
-    def record(self, commit_lens: list[int], seconds: dict) -> None:
+    def record(self, commit_lens: list[int], seconds: dict, width: int, rates: dict) -> None:
+        """One step: tokens committed per request, stage seconds, the width verified, and the
+        controller's {width: expected tokens/s} at the choice (empty when not adaptive)."""
         n = len(commit_lens)
-        self.drafts.inc(n)
-        self.draft_tokens.inc(n * (self.block - 1))
+        self.width.observe(width)
+        for w, r in rates.items():
+            self.rate.labels(**self.labels, width=str(w)).set(r)
+        if width > 1:
+            self.drafts.inc(n)
+            self.draft_tokens.inc(n * (width - 1))
         for pos in range(1, self.block):
             hits = sum(c - 1 >= pos for c in commit_lens)
             if hits:
                 self.accepted.labels(**self.labels, position=str(pos)).inc(hits)
-        for c in commit_lens:
+        for c in commit_lens if width > 1 else ():  # acceptance of drafted blocks only
             self.accept_len.observe(c)
         for stage, sec in seconds.items():
             self.times[stage].observe(sec)

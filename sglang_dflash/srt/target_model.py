@@ -8,7 +8,7 @@ import os
 import torch
 
 from sglang_dflash.model.config import DrafterConfig
-from sglang_dflash.pipeline.attention import TorchBlockAttention
+from sglang_dflash.pipeline.attention import TorchBlockAttention, slot_table
 from sglang_dflash.pipeline.context_kv import DraftKVCache
 
 
@@ -36,9 +36,9 @@ def block_attention(cfg: DrafterConfig, block: int, cuda: bool, kv: DraftKVCache
 
         args = (req_to_token, batch.req_pool_indices, prefix, slots, block, cfg.num_heads, scale, windows)
         return FlashInferBlockAttention(kv.k, kv.v, *args)
-    rows = zip(batch.req_pool_indices.tolist(), prefix.tolist())
-    kv_slots = [req_to_token[r, : p + block].to(torch.int64) for r, p in rows]
-    return TorchBlockAttention(kv.k, kv.v, kv_slots, slots, scale, windows)
+    # The one host sync of the torch path (free on CPU; on CUDA it runs only when a window < B).
+    table = slot_table(req_to_token, batch.req_pool_indices, int(prefix.max()) + block)  # [bs, max prefix + B]
+    return TorchBlockAttention(kv.k, kv.v, table, slots, scale, windows, prefix=prefix)
 
 
 def dump_context(kv: DraftKVCache, req_to_token, batch, out_dir: str) -> None:

@@ -1,10 +1,63 @@
-"""TARGET_VERIFY for SGLang's torch_native attention backend (CPU): B causal rows per request."""
+"""The target's TARGET_VERIFY forward over W chain rows per request: the forward itself (for a
+scheduler batch, and for the start-up profile's dummy batch), and the torch_native attention
+backend's verify path (CPU): W causal rows per request."""
 
 from __future__ import annotations
 
-import torch
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
-from sglang_dflash.pipeline.attention import verify_attention
+from sglang_dflash.pipeline.attention import slot_table, verify_attention
+
+
+def verify_forward(target_worker, batch, draft, positions, slots):
+    """draft, positions, slots [bs, W] -> the target's logits output over the chain (features kept)."""
+    width = draft.shape[1]
+    batch.out_cache_loc = slots.reshape(-1)
+    # Verify host bound = committed prefix + one verify block; restored right after the plan
+    saved = (batch.seq_lens_cpu, batch.seq_lens_sum)
+    if batch.seq_lens_cpu is not None:
+        batch.seq_lens_cpu = batch.seq_lens_cpu + width
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+    fb, _ = _verify_input(draft, positions).prepare_for_verify(batch, target_worker)
+    batch.seq_lens_cpu, batch.seq_lens_sum = saved
+    return target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True).logits_output
+
+
+def dummy_verify_forward(target_worker, draft, positions, slots, pool_rows, prefix):
+    """The same forward for a batch built without the scheduler (start-up profile): pool_rows [bs]
+    request-pool rows, prefix [bs] their committed lengths."""
+    runner = target_worker.model_runner
+    bs = draft.shape[0]
+    host = prefix.cpu()
+    fb = ForwardBatch(
+        forward_mode=ForwardMode.TARGET_VERIFY,
+        batch_size=bs,
+        input_ids=draft.reshape(-1),
+        req_pool_indices=pool_rows,
+        seq_lens=prefix,
+        seq_lens_cpu=host,
+        out_cache_loc=slots.reshape(-1),
+        seq_lens_sum=int(host.sum()),
+        return_logprob=False,
+        positions=positions.reshape(-1),
+        spec_algorithm=runner.spec_algorithm,
+        spec_info=_verify_input(draft, positions),
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+        global_forward_mode=ForwardMode.TARGET_VERIFY,
+    )
+    runner.kv_index_translator.bind_runner_slots(fb)
+    return target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True).logits_output
+
+
+def _verify_input(draft, positions) -> DFlashVerifyInput:
+    return DFlashVerifyInput(
+        draft_token=draft.reshape(-1),
+        positions=positions.reshape(-1),
+        draft_token_num=draft.shape[1],
+        custom_mask=None,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+    )
 
 
 def torch_native_verify(backend, q, k, v, layer, forward_batch, save_kv_cache=True):
@@ -17,9 +70,15 @@ def torch_native_verify(backend, q, k, v, layer, forward_batch, save_kv_cache=Tr
         )
     bs = forward_batch.batch_size
     block = q.shape[0] // bs
-    prefix = forward_batch.seq_lens.tolist()
-    rows = backend.req_to_token_pool.req_to_token[forward_batch.req_pool_indices]
-    slots = [rows[i, : p + block].to(torch.int64) for i, p in enumerate(prefix)]
+    prefix = forward_batch.seq_lens  # [bs]
+    host = forward_batch.seq_lens_cpu
+    if prefix.is_cpu or host is None:
+        width = int(prefix.max()) + block  # free on CPU; elsewhere the one device sync per layer
+    else:
+        # No device sync. SGLang's seq_lens_cpu is the prefix, but verify_forward bumps it to
+        # prefix + B for the attention plan: + B bounds it either way (extra columns are masked).
+        width = int(host.max()) + block
+    slots = slot_table(backend.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, width)
     q_ = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
     out = verify_attention(
         q_,
@@ -27,7 +86,6 @@ def torch_native_verify(backend, q, k, v, layer, forward_batch, save_kv_cache=Tr
         backend.token_to_kv_pool.get_value_buffer(layer.layer_id),
         slots,
         prefix,
-        block,
         layer.scaling,
     )
     return out.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)

@@ -18,12 +18,11 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.distributed import tensor_model_parallel_all_gather
 from sglang.srt.runtime_context import get_parallel, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
-from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
 from sglang_dflash.pipeline.accept import accept_block
-from sglang_dflash.srt.batch_sampling import limits, penalty_rows, sampling_rows
+from sglang_dflash.srt.batch_sampling import limits, penalty_rows, sampled_flags, sampling_rows
 from sglang_dflash.pipeline.block import block_slots, build_block
 from sglang_dflash.model.config import check_against_target, load_drafter_config, resolve_block_size
 from sglang_dflash.pipeline.draft import Proposal, propose
@@ -31,6 +30,8 @@ from sglang_dflash.pipeline.context_kv import DraftKVCache
 from sglang_dflash import env
 from sglang_dflash.srt import metrics as dflash_metrics
 from sglang_dflash.srt.metrics import StageClock
+from sglang_dflash.srt.step_profile import make_controller
+from sglang_dflash.srt.verify_backend import verify_forward
 from sglang_dflash.srt.seeded_prefill import PreSampleLogits, reseed_first_tokens
 from sglang_dflash.srt.target_model import block_attention, check_capture_layers, dump_context
 from sglang_dflash.model.loader import load_drafter
@@ -72,6 +73,7 @@ class DFlashWorker(BaseSpecWorker):
         self.device_type = torch.device(self.device).type
         self.metrics = dflash_metrics.create(self.block_size)
         self.draft_steps = self.draft_failures = 0
+        self.width = None  # the verify-width controller, made at start-up's end (init_cuda_graphs)
         self.pre_sample = PreSampleLogits(runner.sampler)  # seeded prefill rows: see seeded_prefill.py
         logger.info(
             "DFLASH served by sglang_dflash (ours): block_size=%d (drafter trained %d), "
@@ -111,7 +113,8 @@ class DFlashWorker(BaseSpecWorker):
         pass
 
     def init_cuda_graphs(self):
-        pass
+        """SGLang's last start-up hook (pools and attention backends exist): set up the width choice."""
+        self.width = make_controller(self)
 
     def clear_cache_pool(self):
         pass
@@ -140,7 +143,8 @@ class DFlashWorker(BaseSpecWorker):
 
     def stats(self) -> dict:
         """Live counters for /server_info (internal_states[i]["dflash"])."""
-        return {"draft_steps": self.draft_steps, "draft_failures": self.draft_failures}
+        width = self.width.stats() if self.width is not None else {}
+        return {"draft_steps": self.draft_steps, "draft_failures": self.draft_failures, **width}
 
     def _prefill(self, batch, on_publish):
         sampling = sampling_rows(batch)
@@ -169,6 +173,24 @@ class DFlashWorker(BaseSpecWorker):
         out.next_draft_input = make_draft_input_v2(bonus_tokens=out.next_token_ids, new_seq_lens=batch.seq_lens)
         return out
 
+    def draft(self, batch, prefix, slots, block_ids, positions, sampling) -> Proposal:
+        """One drafter forward over the whole block. slots [bs*B]; block_ids, positions [bs, B]."""
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        cuda = self.device_type == "cuda"
+        attend = block_attention(self.cfg, self.block_size, cuda, self.draft_kv, req_to_token, batch, prefix, slots)
+        temps = gumbel_noise = None
+        sel = self.drafter.selector
+        if sampling is not None and sel is not None:  # DFlash 2 sampled paths: noise keyed like verify's
+            bs, k = block_ids.shape[0], min(sel.top_k, self.vocab_size)
+            # Seeded rows draft the best path and are verified by sample-and-match: their tokens then
+            # depend only on (seed, position), whatever the verify widths and the batch (a rejection
+            # against q depends on where the blocks start, and the widths move that).
+            seeded = torch.tensor([s is not None for s in sampling.seeds], device=block_ids.device)
+            temps = torch.where(seeded, 0.0, sampling.temperatures)
+            gumbel_noise = gumbel(bs, self.block_size - 1, k, sampling.seeds, sampling.offsets, WALK, block_ids.device)
+        embed = self.model_runner.model.model.embed_tokens
+        return propose(self.drafter, attend, embed, self._lm_head_logits, block_ids, positions, temps, gumbel_noise)
+
     def _safe_draft(self, batch, prefix, slots, block_ids, positions, sampling) -> Proposal:
         """Draft the block; if the drafter fails, verify the bare block [anchor, MASK...] instead:
         this batch decodes one token per request (output stays exact) and the server keeps going."""
@@ -176,27 +198,7 @@ class DFlashWorker(BaseSpecWorker):
         try:
             if DEBUG_FAIL_DRAFT_EVERY and self.draft_steps % DEBUG_FAIL_DRAFT_EVERY == 0:
                 raise RuntimeError("injected drafter failure (SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY)")
-            req_to_token = self.model_runner.req_to_token_pool.req_to_token
-            cuda = self.device_type == "cuda"
-            attend = block_attention(self.cfg, self.block_size, cuda, self.draft_kv, req_to_token, batch, prefix, slots)
-            temps = gumbel_noise = None
-            sel = self.drafter.selector
-            if sampling is not None and sel is not None:  # DFlash 2 sampled paths: noise keyed like verify's
-                bs, k = block_ids.shape[0], min(sel.top_k, self.vocab_size)
-                temps = sampling.temperatures
-                gumbel_noise = gumbel(
-                    bs, self.block_size - 1, k, sampling.seeds, sampling.offsets, WALK, block_ids.device
-                )
-            return propose(
-                self.drafter,
-                attend,
-                self.model_runner.model.model.embed_tokens,
-                self._lm_head_logits,
-                block_ids,
-                positions,
-                temps,
-                gumbel_noise,
-            )
+            return self.draft(batch, prefix, slots, block_ids, positions, sampling)
         except Exception as e:  # noqa: BLE001 - any drafter fault degrades to plain decoding
             self.draft_failures += 1
             if self.metrics is not None:
@@ -222,33 +224,41 @@ class DFlashWorker(BaseSpecWorker):
     def _decode(self, batch, on_publish):
         B = self.block_size
         prefix = batch.seq_lens  # [bs]
+        sampling = sampling_rows(batch)
+        sampled = sampled_flags(batch)  # [bs] host bools: acceptance statistics per kind
+        W = self.width.choose(len(sampled), sum(sampled), batch.reqs[0].spec_verify_ct)
         block_ids, positions = build_block(batch.spec_info.bonus_tokens, prefix, B, self.mask_token_id)  # [bs, B]
         slots = block_slots(
             self.model_runner.req_to_token_pool.req_to_token, batch.req_pool_indices, prefix, B
         )  # [bs, B] KV slot ids of the block (target and drafter share them)
-        sampling = sampling_rows(batch)
         clock = StageClock(self.device_type)
 
-        # 1) draft: one non-causal drafter forward proposes the whole block
-        proposal = self._safe_draft(batch, prefix, slots.reshape(-1), block_ids, positions, sampling)
+        # 1) draft: one non-causal drafter forward proposes the whole block (trained size B); the
+        #    step verifies its first W rows. W = 1 is a plain decode step: no draft forward at all.
+        if W > 1:
+            proposal = self._safe_draft(batch, prefix, slots.reshape(-1), block_ids, positions, sampling).first(W)
+        else:
+            proposal = Proposal(block_ids[:, :1])
+        positions, slots = positions[:, :W], slots[:, :W]
         clock.mark("draft")
 
-        # 2) verify: the target runs the block as a causal chain; accept while drafts match its tokens
-        logits_output = self._verify_forward(batch, proposal.tokens, positions, slots)
-        logits = logits_output.next_token_logits  # [bs*B, V]
+        # 2) verify: the target runs the W rows as a causal chain; accept while drafts match its tokens
+        logits_output = verify_forward(self._target_worker, batch, proposal.tokens, positions, slots)
+        logits = logits_output.next_token_logits  # [bs*W, V]
         penalties = penalty_rows(batch, self.vocab_size, self.device)
         if penalties is not None:  # in place, as plain decoding does (logprobs see them too)
             logits.copy_(apply_penalties(logits, proposal.tokens, penalties).to(logits.dtype))
-        tokens = target_tokens(logits, B, sampling, proposal)  # [bs, B]
+        tokens = target_tokens(logits, W, sampling, proposal)  # [bs, W]
         acc = accept_block(proposal.tokens, tokens, prefix, *limits(batch, self.device))
         new_seq_lens = acc.new_seq_lens.to(prefix.dtype)
         if batch.return_logprob:  # SGLang's own spec-logprob gather over the chain layout
-            compute_spec_logprobs(batch, logits_output, acc.out_tokens.clamp(min=0).reshape(-1), chain_stride=B)
+            compute_spec_logprobs(batch, logits_output, acc.out_tokens.clamp(min=0).reshape(-1), chain_stride=W)
         if on_publish is not None:
             on_publish(new_seq_lens)
         clock.mark("verify")
 
-        # 3) commit: only the committed rows' context K/V stay; later writes overwrite the rest
+        # 3) commit: only the committed rows' context K/V stay (at W = 1 the anchor's, so the next
+        #    draft sees the full context); later writes overwrite the rest
         rows = acc.committed_rows()
         write_context(
             self.drafter,
@@ -260,8 +270,16 @@ class DFlashWorker(BaseSpecWorker):
         logits_output.hidden_states = None
         clock.mark("kv_write")
 
+        accepted = acc.accept_lens.tolist()
+        seconds = clock.seconds()
+        self.width.observe(
+            W,
+            [a for a, s in zip(accepted, sampled) if not s],
+            [a for a, s in zip(accepted, sampled) if s],
+            sum(seconds.values()),
+        )
         if self.metrics is not None:
-            self.metrics.record(acc.commit_lens.tolist(), clock.seconds())
+            self.metrics.record(acc.commit_lens.tolist(), seconds, W, self.width.last_rates)
         nxt = make_draft_input_v2(bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens)
         return GenerationBatchResult(
             logits_output=logits_output,
@@ -269,26 +287,6 @@ class DFlashWorker(BaseSpecWorker):
             accept_lens=acc.commit_lens.to(torch.int32),
             can_run_cuda_graph=False,
             next_draft_input=nxt,
-            speculative_num_draft_tokens=B,
+            speculative_num_draft_tokens=W,
             new_seq_lens=new_seq_lens,
         )
-
-    def _verify_forward(self, batch, draft, positions, slots):
-        """draft, positions, slots [bs, B] -> the target's logits output over the chain (features kept)."""
-        B = self.block_size
-        verify_input = DFlashVerifyInput(
-            draft_token=draft.reshape(-1),
-            positions=positions.reshape(-1),
-            draft_token_num=B,
-            custom_mask=None,
-            capture_hidden_mode=CaptureHiddenMode.FULL,
-        )
-        batch.out_cache_loc = slots.reshape(-1)
-        # Verify host bound = committed prefix + one verify block; restored right after the plan
-        saved = (batch.seq_lens_cpu, batch.seq_lens_sum)
-        if batch.seq_lens_cpu is not None:
-            batch.seq_lens_cpu = batch.seq_lens_cpu + B
-            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-        fb, _ = verify_input.prepare_for_verify(batch, self._target_worker)
-        batch.seq_lens_cpu, batch.seq_lens_sum = saved
-        return self._target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True).logits_output

@@ -127,11 +127,13 @@ def drafts(ref: Reference, seq, anchors: torch.Tensor, block: int) -> torch.Tens
     return (hidden @ ref.head.t()).argmax(-1)
 
 
-def offline_walk(ref: Reference, prompts: list[list[int]], outputs: list[list[int]], block: int) -> list[dict]:
+def offline_walk(
+    ref: Reference, prompts: list[list[int]], outputs: list[list[int]], block: int, widths: list[int] | None = None
+) -> list[dict]:
     """Per prompt: {"steps", "tau"} of greedy DFLASH serving over the target's greedy `outputs`
     (the anchor is the last committed token; accept the longest matching prefix + bonus).
     Like SGLang's meta_info, tau = output tokens / verify steps: the first output token comes
-    from the prefill, not from a verify step."""
+    from the prefill, not from a verify step. widths: the verify widths cycled per step."""
     from sglang_dflash.train.blocks import walk_counts
 
     counts = walk_counts(
@@ -142,6 +144,7 @@ def offline_walk(ref: Reference, prompts: list[list[int]], outputs: list[list[in
         sequences(ref, prompts, outputs),
         autocast=False,
         head=ref.head,
+        widths=widths,
     )
     return [{"steps": b, "tau": len(o) / max(b, 1)} for (_, b), o in zip(counts, outputs)]
 

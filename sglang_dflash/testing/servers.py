@@ -68,7 +68,9 @@ def dflash_state(srv: Server) -> dict:
     out = {}
     for st in states:
         for k, v in st["dflash"].items():
-            out[k] = out.get(k, 0) + v
+            if isinstance(v, dict):  # per-width step counts
+                v = {w: n + out.get(k, {}).get(w, 0) for w, n in v.items()}
+            out[k] = v if not isinstance(v, int) else out.get(k, 0) + v
     return out
 
 

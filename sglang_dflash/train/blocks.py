@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -140,10 +142,12 @@ def walk_counts(
     max_answer: int | None = None,
     autocast: bool = True,
     head: torch.Tensor | None = None,
+    widths: Sequence[int] | None = None,
 ) -> list[tuple[int, int]]:
     """Walk each answer as greedy speculative decoding would (a block at the answer start, the next
     one after the accepted tokens + bonus) -> [(committed tokens, blocks)] per sequence (0, 0 when
-    the answer has < 2 tokens). head [V, H]: an untied LM head (default: embed, the tied one)."""
+    the answer has < 2 tokens). head [V, H]: an untied LM head (default: embed, the tied one).
+    widths: verify widths cycled per step (serving's debug width cycle; default: the block)."""
     out = []
     for s in seqs:
         end = s.tokens.shape[0] if max_answer is None else min(s.tokens.shape[0], s.answer_start + max_answer)
@@ -158,6 +162,8 @@ def walk_counts(
         tokens = blocks_n = 0
         while p < end - 1:
             a = acc[p - s.answer_start]
+            if widths:  # the block is drafted whole; only its first W rows are verified
+                a = min(a, widths[blocks_n % len(widths)] - 1)
             tokens += min(a + 1, end - p)
             blocks_n += 1
             p += a + 1

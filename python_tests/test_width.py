@@ -1,0 +1,157 @@
+"""The verify-width controller (pipeline/width.py), without a server."""
+
+import json
+import random
+
+import pytest
+
+from sglang_dflash.pipeline.width import (
+    AcceptanceStats,
+    CostTable,
+    WidthController,
+    candidate_widths,
+    load_width_config,
+)
+
+WIDTHS = [1, 2, 4, 8, 16]
+
+
+def linear_costs(sizes, widths, fixed=1.0, per_row=0.1, draft=0.5):
+    """A CPU-like step: cost grows with the rows verified; W > 1 adds a draft forward."""
+    return {(bs, w): fixed + per_row * bs * w + (draft if w > 1 else 0.0) for bs in sizes for w in widths}
+
+
+def simulate(ctl, accept_p, bs=1, steps=400, seed=0):
+    """Run the controller against rows whose drafts are each accepted with probability accept_p;
+    -> tokens committed per second of (modelled) step time."""
+    rng = random.Random(seed)
+    tokens = seconds = 0.0
+    for _ in range(steps):
+        w = ctl.choose(bs)
+        acc = []
+        for _ in range(bs):
+            a = 0
+            while a < w - 1 and rng.random() < accept_p:
+                a += 1
+            acc.append(a)
+        ctl.observe(w, acc, [])
+        tokens += bs + sum(acc)
+        seconds += ctl.cost.profiled(bs, w) if ctl.cost else 1.0
+    return tokens / seconds
+
+
+def best_width(accept_p, cost, bs):
+    """Brute force: expected tokens per second for geometric acceptance."""
+
+    def rate(w):
+        return bs * sum(accept_p**k for k in range(w)) / cost(bs, w)
+
+    return max(WIDTHS, key=rate), rate
+
+
+def test_expected_tokens_follow_the_observed_acceptance():
+    st = AcceptanceStats(16, prior_weight=1e-6)
+    st.update([3] * 50, width=16)  # every row: drafts 1..3 accepted, draft 4 rejected
+    e = st.expected_tokens()
+    assert e[1] == 1.0 and e[4] == pytest.approx(4.0, abs=1e-3)
+    assert e[16] == pytest.approx(4.0, abs=1e-3)  # nothing past position 4 is ever accepted
+    st2 = AcceptanceStats(16, prior_weight=1e-6)
+    st2.update([15] * 10, width=16)
+    assert st2.expected_tokens()[16] == pytest.approx(16.0, abs=1e-3)
+
+
+def test_a_narrow_width_does_not_count_its_cut_as_a_rejection():
+    st = AcceptanceStats(16, prior_weight=1e-6)
+    st.update([3] * 50, width=4)  # all 3 verified drafts accepted; positions 4.. were never verified
+    a = st.conditional()
+    assert a[3] == pytest.approx(1.0) and st.reach[4] == 0
+    assert a[4] == pytest.approx(1.0)  # an unverified position borrows its neighbour's estimate
+
+
+def test_counts_decay_to_a_recent_window():
+    st = AcceptanceStats(8, half_life=4, prior_weight=1e-6)
+    st.update([7] * 10, width=8)
+    for _ in range(40):
+        st.age()
+        st.update([0] * 10, width=8)
+    assert st.conditional()[1] < 0.01
+
+
+def test_cost_table_is_forced_monotone_and_interpolates():
+    sizes = [1, 4, 16]
+    secs = linear_costs(sizes, WIDTHS)
+    secs[(4, 8)] = 0.1  # a noisy measurement below its neighbours
+    secs[(16, 2)] = 0.1
+    t = CostTable(sizes, WIDTHS, secs)
+    for bs in sizes:
+        row = [t(bs, w) for w in WIDTHS]
+        assert row == sorted(row), row
+    for w in WIDTHS:
+        col = [t(bs, w) for bs in sizes]
+        assert col == sorted(col), col
+    assert t(2, 4) == pytest.approx(t(1, 4) + (t(4, 4) - t(1, 4)) / 3)
+    assert t(32, 16) > t(16, 16)  # extrapolated beyond the largest profiled batch
+    before = t(16, 16)
+    for _ in range(100):
+        t.observe(16, 16, 2 * before)  # real steps take twice the profile: the estimate follows
+    assert t(16, 16) == pytest.approx(2 * before, rel=0.01)
+
+
+@pytest.mark.parametrize("accept_p,bs", [(0.0, 1), (0.0, 16), (0.5, 1), (0.5, 16), (0.9, 1), (0.95, 16), (1.0, 16)])
+def test_controller_settles_on_the_best_width(accept_p, bs):
+    sizes = [1, 4, 16]
+    cost = CostTable(sizes, WIDTHS, linear_costs(sizes, WIDTHS))
+    ctl = WidthController(16, cost)
+    got = simulate(ctl, accept_p, bs=bs, steps=2000)
+    want, rate = best_width(accept_p, cost, bs)
+    # within 7% of the best fixed width in hindsight, exploration and estimation noise included
+    assert got >= 0.93 * rate(want), (accept_p, bs, got, want, rate(want), ctl.chosen)
+
+
+def test_width_one_probes_again_and_recovers():
+    """After a stretch of rejections the controller plays plain decoding, probes every so often
+    (a bounded share of the time), and widens again once the drafts are good."""
+    sizes = [1, 4, 16]
+    cost = CostTable(sizes, WIDTHS, linear_costs(sizes, WIDTHS))
+    ctl = WidthController(16, cost)
+    simulate(ctl, 0.0, bs=4, steps=300)
+    assert ctl.chosen[1] > 0.8 * 300
+    probes = sum(n for w, n in ctl.chosen.items() if w > 1)
+    assert 0 < probes
+    simulate(ctl, 1.0, bs=4, steps=300)
+    assert ctl.choose(4) == 16
+
+
+def test_fixed_random_and_cycle_modes():
+    assert {WidthController(16, None, fixed=4).choose(8) for _ in range(10)} == {4}
+    ctl = WidthController(16, None, debug_seed=3)
+    assert {ctl.choose(8) for _ in range(200)} == set(WIDTHS)
+    ctl = WidthController(16, None, cycle=[16, 1, 1])
+    assert [ctl.choose(1, step=s) for s in range(6)] == [16, 1, 1, 16, 1, 1]
+    assert WidthController(16, None).choose(4) == 16  # no cost table: verify the whole block
+
+
+def test_candidates_by_batch_size_bound_the_choice(tmp_path):
+    path = tmp_path / "adaptive.json"
+    path.write_text(json.dumps({"1": {"candidate_steps": [0, 3, 15]}, "8": {"candidate_steps": [0, 1]}}))
+    table = load_width_config(str(path), 16)
+    assert table == {1: [1, 4, 16], 8: [1, 2]}
+    ctl = WidthController(16, None, table, debug_seed=0)
+    assert {ctl.choose(4) for _ in range(100)} == {1, 4, 16}
+    assert {ctl.choose(32) for _ in range(100)} == {1, 2}
+    assert candidate_widths(16) == WIDTHS and candidate_widths(6) == [1, 2, 4, 6]
+
+
+@pytest.mark.parametrize(
+    "cfg,msg",
+    [
+        ({"1": {"candidate_steps": [16]}}, "0..15"),
+        ({"1": {"candidate_steps": []}}, "candidate_steps"),
+        ({"tiers": {}}, "no batch-size keys"),
+    ],
+)
+def test_bad_width_config_names_the_field(tmp_path, cfg, msg):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=msg):
+        load_width_config(str(path), 16)

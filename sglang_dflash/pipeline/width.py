@@ -1,0 +1,232 @@
+"""Stage 0 of a decode step: choose the verify width W (1 = plain decoding, no draft forward).
+
+A step at width W verifies [anchor, d_1 .. d_{W-1}] per request and commits 1 + (accepted drafts)
+tokens per request. The controller picks, before each step, the W of a small fixed candidate set
+(so each can get its own CUDA graph later) that maximises expected committed tokens per second:
+
+    rate(W) = sum over rows of E_row(W) / cost(bs, W)
+
+- E_row(W) = 1 + sum_{k<W} prod_{j<=k} a_j, where a_j is the observed probability that draft j is
+  accepted given drafts 1..j-1 were (kept apart for greedy and sampled rows: acceptance depends on
+  the temperature). Counts decay with every step (a recent window); a position with
+  few counts borrows the estimate of the position before it, so widening is tried when the
+  positions a narrow width does verify are accepted.
+- cost(bs, W) is the start-up profile (forced monotone in bs and W), corrected online by the ratio
+  of observed to profiled step times per width.
+- While W = 1 nothing about acceptance is observed; a probe step at the best W > 1 runs every so
+  often, spaced so that a probe that accepts nothing costs at most `probe_budget` of the time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import random
+from collections import Counter
+from typing import Optional, Sequence
+
+DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
+
+
+def candidate_widths(block: int) -> list[int]:
+    """The default candidate set for a drafter block size: powers of two up to B, and B itself."""
+    return sorted({w for w in DEFAULT_WIDTHS if w <= block} | {block})
+
+
+def load_width_config(path: str, block: int) -> dict:
+    """SGLang's --speculative-adaptive-config shape, {"<min batch size>": {"candidate_steps": [s, ...]}},
+    -> {min_bs: [W, ...]} with W = s + 1 (s drafts verified; s = 0 is plain decoding)."""
+    with open(path) as f:
+        raw = json.load(f)
+    out = {}
+    for key, entry in raw.items():
+        if not key.isdigit():
+            continue
+        steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
+        if not isinstance(steps, list) or not steps or not all(isinstance(x, int) and 0 <= x < block for x in steps):
+            raise ValueError(
+                f"{path}: [{key!r}].candidate_steps must be a non-empty list of ints in 0..{block - 1} "
+                f"(drafts verified per step, block size {block}); got {steps!r}"
+            )
+        out[int(key)] = sorted({x + 1 for x in steps})
+    if not out:
+        raise ValueError(f'{path}: no batch-size keys; expected e.g. {{"1": {{"candidate_steps": [0, 3, 7, 15]}}}}')
+    return out
+
+
+class AcceptanceStats:
+    """Decaying per-position acceptance counts for one kind of row (greedy or sampled)."""
+
+    def __init__(self, block: int, half_life: float = 32.0, prior_mean: float = 0.6, prior_weight: float = 2.0):
+        self.block = block
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.prior = (prior_mean * prior_weight, prior_weight)
+        self.reach = [0.0] * block  # [B] index j: rows whose draft j was verified (1..B-1; 0 unused)
+        self.hits = [0.0] * block  # [B] index j: rows whose draft j was accepted
+
+    def age(self) -> None:
+        """One decode step passed (at any width): older evidence weighs less."""
+        for j in range(1, self.block):
+            self.reach[j] *= self.decay
+            self.hits[j] *= self.decay
+
+    def update(self, accepted: Sequence[int], width: int) -> None:
+        """accepted[i]: drafts accepted by row i in a step verified at `width` (0 .. width-1)."""
+        for a in accepted:
+            for j in range(1, min(a + 1, width - 1) + 1):  # drafts 1..a accepted, draft a+1 seen and rejected
+                self.reach[j] += 1.0
+                self.hits[j] += j <= a
+
+    def conditional(self) -> list[float]:
+        """[B] a_j = P(draft j accepted | drafts before it were); a_0 = 1. Each position is smoothed
+        toward the estimate of the one before it (a_1 toward the prior mean): acceptance runs are
+        correlated, so a position a narrow width has not verified yet looks like its neighbour."""
+        mean, weight = self.prior[0] / self.prior[1], self.prior[1]
+        out = [1.0]
+        for j in range(1, self.block):
+            mean = (self.hits[j] + weight * mean) / (self.reach[j] + weight)
+            out.append(mean)
+        return out
+
+    def expected_tokens(self) -> list[float]:
+        """[B + 1] E(W) = expected tokens committed per row at width W (index 0 unused)."""
+        a, out, run = self.conditional(), [0.0, 1.0], 1.0
+        total = 1.0
+        for j in range(1, self.block):
+            run *= a[j]
+            total += run
+            out.append(total)
+        return out
+
+
+class CostTable:
+    """Seconds per decode step, cost(bs, W): profiled at start-up, corrected online per width."""
+
+    def __init__(self, batch_sizes: Sequence[int], widths: Sequence[int], seconds: dict, alpha: float = 0.1):
+        """seconds[(bs, W)] for every profiled bs and candidate W; forced monotone in bs and W."""
+        self.batch_sizes, self.widths, self.alpha = sorted(batch_sizes), sorted(widths), alpha
+        self.table = {}
+        for w_i, w in enumerate(self.widths):
+            prev = 0.0
+            for bs in self.batch_sizes:
+                floor = max(prev, self.table.get((bs, self.widths[w_i - 1]), 0.0) if w_i else 0.0)
+                prev = self.table[(bs, w)] = max(float(seconds[(bs, w)]), floor)
+        self.correction = {w: 1.0 for w in self.widths}
+
+    def profiled(self, bs: int, w: int) -> float:
+        """Linear interpolation between profiled batch sizes; below the smallest its cost, beyond the
+        largest a linear extrapolation of the last two (a step never gets cheaper with more rows)."""
+        sizes = self.batch_sizes
+        i = bisect.bisect_left(sizes, bs)
+        if i < len(sizes) and (sizes[i] == bs or i == 0):
+            return self.table[(sizes[i], w)]
+        lo, hi = (sizes[i - 1], sizes[i]) if i < len(sizes) else (sizes[max(i - 2, 0)], sizes[i - 1])
+        t_lo, t_hi = self.table[(lo, w)], self.table[(hi, w)]
+        if hi == lo:  # one profiled size: proportional to the rows
+            return t_hi * bs / hi
+        return t_lo + (t_hi - t_lo) * (bs - lo) / (hi - lo)
+
+    def __call__(self, bs: int, w: int) -> float:
+        return self.profiled(bs, w) * self.correction[w]
+
+    def observe(self, bs: int, w: int, seconds: float) -> None:
+        ratio = seconds / max(self.profiled(bs, w), 1e-9)
+        self.correction[w] += self.alpha * (min(max(ratio, 0.2), 5.0) - self.correction[w])
+
+    def describe(self) -> str:
+        rows = ["bs\\W " + " ".join(f"{w:>8d}" for w in self.widths)]
+        for bs in self.batch_sizes:
+            rows.append(f"{bs:>4d} " + " ".join(f"{self.table[(bs, w)] * 1e3:>6.1f}ms" for w in self.widths))
+        return "\n".join(rows)
+
+
+class WidthController:
+    """Chooses W per step (see module docstring); `fixed` pins it, `debug_seed` draws it at random,
+    `cycle` walks a list by step number (tests: a known width sequence)."""
+
+    def __init__(
+        self,
+        block: int,
+        cost: Optional[CostTable],
+        widths_for_bs: Optional[dict] = None,
+        fixed: Optional[int] = None,
+        debug_seed: Optional[int] = None,
+        probe_budget: float = 0.02,
+        cycle: Optional[Sequence[int]] = None,
+    ):
+        """widths_for_bs {min_bs: [W, ...]}: the candidates for batches of at least min_bs requests."""
+        self.block, self.cost, self.fixed, self.probe_budget = block, cost, fixed, probe_budget
+        self.cycle = list(cycle) if cycle else None
+        self.widths_for_bs = widths_for_bs or {1: candidate_widths(block)}
+        self.keys = sorted(self.widths_for_bs)
+        self.accept = {False: AcceptanceStats(block), True: AcceptanceStats(block)}  # keyed by "sampled"
+        self.rng = random.Random(debug_seed) if debug_seed is not None else None
+        self.steps_at_one = 0
+        self.last_rates: dict = {}
+        self.chosen: Counter = Counter()
+
+    @property
+    def mode(self) -> str:
+        if self.cycle:
+            return "cycle"
+        return "fixed" if self.fixed is not None else "random" if self.rng is not None else "adaptive"
+
+    def stats(self) -> dict:
+        return {"width_mode": self.mode, "width_steps": {str(w): n for w, n in sorted(self.chosen.items())}}
+
+    def candidates(self, bs: int) -> list[int]:
+        i = max(bisect.bisect_right(self.keys, bs) - 1, 0)
+        return self.widths_for_bs[self.keys[i]]
+
+    def rates(self, bs: int, n_sampled: int) -> dict:
+        """{W: expected committed tokens per second} for a batch of bs rows, n_sampled of them sampled."""
+        e_greedy, e_sampled = self.accept[False].expected_tokens(), self.accept[True].expected_tokens()
+        out = {}
+        for w in self.candidates(bs):
+            tokens = (bs - n_sampled) * e_greedy[w] + n_sampled * e_sampled[w]
+            out[w] = tokens / max(self.cost(bs, w), 1e-9)
+        return out
+
+    def choose(self, bs: int, n_sampled: int = 0, step: int = 0) -> int:
+        """bs rows, n_sampled of them sampled; step: the first request's verify count (cycle only)."""
+        w = self.cycle[step % len(self.cycle)] if self.cycle else self._choose(bs, n_sampled)
+        self.chosen[w] += 1
+        return w
+
+    def _choose(self, bs: int, n_sampled: int) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        cands = self.candidates(bs)
+        if self.rng is not None:
+            return self.rng.choice(cands)
+        if self.cost is None or len(cands) == 1:
+            return max(cands)
+        rates = self.last_rates = self.rates(bs, n_sampled)
+        best = max(cands, key=lambda w: (rates[w], -w))
+        if best != 1:
+            self.steps_at_one = 0
+            return best
+        wider = [w for w in cands if w > 1]
+        if not wider:
+            return 1
+        self.steps_at_one += 1
+        probe = max(wider, key=lambda w: rates[w])
+        plain = self.cost(bs, 1)
+        interval = math.ceil((self.cost(bs, probe) - plain) / max(self.probe_budget * plain, 1e-12))
+        if self.steps_at_one >= min(max(interval, 8), 1000):
+            self.steps_at_one = 0
+            return probe
+        return 1
+
+    def observe(self, width: int, accepted_greedy: Sequence[int], accepted_sampled: Sequence[int], seconds=None):
+        """After a step: drafts accepted per row (split by kind) and the step's measured seconds."""
+        for st in self.accept.values():
+            st.age()
+        if width > 1:
+            if accepted_greedy:
+                self.accept[False].update(accepted_greedy, width)
+            if accepted_sampled:
+                self.accept[True].update(accepted_sampled, width)
+        if seconds is not None and self.cost is not None:
+            self.cost.observe(len(accepted_greedy) + len(accepted_sampled), width, seconds)

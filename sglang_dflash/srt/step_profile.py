@@ -1,0 +1,108 @@
+"""Start-up profile of the decode step cost, cost(bs, W), on the served target and drafter.
+
+Dummy steps at every (profiled batch size, candidate width): for W > 1 one drafter block forward,
+then the target's TARGET_VERIFY forward over W rows per request, then greedy acceptance and the
+context K/V write, i.e. what a decode step at that width runs. The dummy requests use request-pool
+rows that are free at start-up (their token table is all slot 0, SGLang's padding slot, which
+every dummy read and write then hits, as CUDA-graph capture does), at a typical prefix length.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import SimpleNamespace
+
+import torch
+
+from sglang_dflash.pipeline.accept import accept_block
+from sglang_dflash.pipeline.block import build_block
+from sglang_dflash.pipeline.context_kv import write_context
+from sglang_dflash import env
+from sglang_dflash.pipeline.width import CostTable, WidthController, candidate_widths, load_width_config
+from sglang_dflash.srt.metrics import sync
+from sglang_dflash.srt.verify_backend import dummy_verify_forward
+
+logger = logging.getLogger("sglang_dflash")
+
+PROFILE_PREFIX = 256  # tokens of context per dummy request
+PROFILE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def make_controller(worker) -> WidthController:
+    """The width controller the server runs with: pinned (SGLANG_DFLASH_WIDTH), random (debug), or
+    cost-aware over the candidates of --speculative-adaptive-config (default: 1, 2, 4, 8, B)."""
+    from sglang.srt.runtime_context import get_spec
+
+    block = worker.block_size
+    fixed, seed = env.WIDTH.get() or None, env.DEBUG_RANDOM_WIDTH.get()
+    if fixed is not None and not 1 <= fixed <= block:
+        raise ValueError(f"{env.WIDTH.name}={fixed}: expected 0 (adaptive) or a width in 1..{block} (block size)")
+    cycle = [int(w) for w in (env.DEBUG_WIDTH_CYCLE.get() or "").split(",") if w.strip()]
+    if any(not 1 <= w <= block for w in cycle):
+        raise ValueError(f"{env.DEBUG_WIDTH_CYCLE.name}={cycle}: widths must be in 1..{block} (block size)")
+    path = get_spec().speculative_adaptive_config
+    widths_for_bs = load_width_config(path, block) if path else {1: candidate_widths(block)}
+    cost = None
+    if fixed is None and seed is None and not cycle and env.PROFILE.get():
+        max_running = worker.server_args.max_running_requests or 48
+        sizes = profile_batch_sizes(min(max_running, worker.model_runner.req_to_token_pool.size - 1))
+        widths = sorted({w for ws in widths_for_bs.values() for w in ws} | {1})
+        cost = profile_costs(worker, widths, sizes)
+    ctl = WidthController(block, cost, widths_for_bs, fixed=fixed, debug_seed=seed, cycle=cycle)
+    logger.info("DFLASH verify width: %s, candidates by batch size %s", ctl.mode, widths_for_bs)
+    return ctl
+
+
+def profile_batch_sizes(max_running: int) -> list[int]:
+    sizes = [b for b in PROFILE_BATCHES if b <= max_running]
+    return sizes + ([max_running] if max_running not in sizes and max_running < PROFILE_BATCHES[-1] else [])
+
+
+def profile_costs(worker, widths: list[int], batch_sizes: list[int], repeats: int = 2) -> CostTable:
+    """Best of `repeats` timed dummy steps per (bs, W), after one warm-up step each."""
+    seconds = {}
+    t0 = time.perf_counter()
+    for bs in batch_sizes:
+        for w in widths:
+            runs = [_dummy_step(worker, bs, w) for _ in range(repeats + 1)]
+            seconds[(bs, w)] = min(runs[1:])
+    table = CostTable(batch_sizes, widths, seconds)
+    logger.info(
+        "DFLASH step cost profile (%.1f s, prefix %d; ms per step, forced monotone):\n%s",
+        time.perf_counter() - t0,
+        PROFILE_PREFIX,
+        table.describe(),
+    )
+    return table
+
+
+@torch.inference_mode()
+def _dummy_step(worker, bs: int, width: int) -> float:
+    runner = worker.model_runner
+    dev = worker.device
+    prefix = torch.full((bs,), min(PROFILE_PREFIX, runner.model_config.context_len - worker.block_size), device=dev)
+    pool_rows = torch.arange(bs, device=dev)
+    anchor = torch.zeros(bs, dtype=torch.int64, device=dev)
+    block_ids, positions = build_block(anchor, prefix, worker.block_size, worker.mask_token_id)
+    slots = torch.zeros_like(block_ids)  # padding slot
+    batch = SimpleNamespace(req_pool_indices=pool_rows, seq_lens=prefix)
+    sync(worker.device_type)
+    start = time.perf_counter()
+    draft = block_ids[:, :width]
+    if width > 1:
+        draft = worker.draft(batch, prefix, slots.reshape(-1), block_ids, positions, None).tokens[:, :width]
+    out = dummy_verify_forward(worker._target_worker, draft, positions[:, :width], slots[:, :width], pool_rows, prefix)
+    tokens = out.next_token_logits.argmax(-1).view(bs, width)
+    budget = torch.full((bs,), 1 << 30, dtype=torch.int64, device=dev)
+    acc = accept_block(draft, tokens, prefix, budget, torch.full((bs, 1), -1, dtype=torch.int64, device=dev))
+    rows = acc.committed_rows()
+    write_context(
+        worker.drafter,
+        worker.draft_kv,
+        out.hidden_states[rows],
+        positions[:, :width].reshape(-1)[rows],
+        slots[:, :width].reshape(-1)[rows],
+    )
+    sync(worker.device_type)
+    return time.perf_counter() - start
