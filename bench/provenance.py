@@ -81,17 +81,18 @@ def arm_extra(extra: list[str], match_sched: bool) -> list[str]:
 
 def arm(name: str, draft: str, extra: list[str], match_sched: bool):
     """Arm name -> (drafter or None, server flags, environment). `plain`: no speculation;
-    `fixed<W>`: block W, width pinned to W; `adaptive`: block 16 (`adaptive<B>`: block B), width
-    chosen by the controller (the default)."""
+    `fixed<W>`: block 16 (B if W > 16), every step verifying W rows (fixed1: plain decoding through
+    our worker); `adaptive`: block 16 (`adaptive<B>`: block B), width chosen by the controller."""
     from sglang_dflash import env
 
     if name == "plain":
         return None, arm_extra(list(extra), match_sched), {}
     for kind in ("fixed", "adaptive"):
         if name.startswith(kind) and (name[len(kind) :].isdigit() or name == "adaptive"):
-            block = int(name[len(kind) :] or 16)
+            num = int(name[len(kind) :] or 16)
+            block = max(num, 16) if kind == "fixed" else num
             flags = arm_extra([*extra, "--speculative-num-draft-tokens", str(block)], match_sched)
-            return draft, flags, {env.WIDTH.name: str(block)} if kind == "fixed" else {}
+            return draft, flags, {env.WIDTH.name: str(num)} if kind == "fixed" else {}
     raise SystemExit(f"--arms: unknown arm {name!r} (plain, fixed<W>, adaptive, adaptive<B>)")
 
 

@@ -119,11 +119,13 @@ def gather_rows(cache: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return cache.index_select(0, idx.reshape(-1)).view(*idx.shape, *cache.shape[1:])
 
 
-def length_groups(keys: list[int]) -> list[tuple[int, int, int]]:
-    """keys: each request's key count, longest first -> (first, end, width) row ranges (see PAD_KEYS)."""
+def length_groups(keys: list[int], exact: bool = False) -> list[tuple[int, int, int]]:
+    """keys: each request's key count, longest first -> (first, end, width) row ranges (see PAD_KEYS;
+    exact: no padding at all, one group per distinct length)."""
     groups: list[list[int]] = []
     for i, n in enumerate(keys):
-        if groups and groups[-1][2] - n <= max(PAD_KEYS, PAD_FRAC * groups[-1][2]):
+        slack = 0 if exact else max(PAD_KEYS, PAD_FRAC * groups[-1][2]) if groups else 0
+        if groups and groups[-1][2] - n <= slack:
             groups[-1][1] = i + 1
         else:
             groups.append([i, i + 1, n])
@@ -138,7 +140,7 @@ class RowPlan(NamedTuple):
     inverse: Optional[torch.Tensor]  # [bs] undoes order
     groups: list[tuple[int, int, int]]  # (first, end, width): rows in order, one SDPA call each
     idx: torch.Tensor  # [bs, L] slot ids, rows in order
-    mask: torch.Tensor  # [bs, 1, B, L]
+    mask: Optional[torch.Tensor]  # [bs, 1, B, L]; None: every group sees all its keys (no padding)
 
 
 def host_lengths(prefix: torch.Tensor) -> Optional[list[int]]:
@@ -155,8 +157,12 @@ def plan_rows(
     causal: bool = False,
 ) -> RowPlan:
     """table [bs, T] slot table (T >= max prefix + B); prefix [bs] committed lengths, on table's device;
-    lens: the same on the host (see host_lengths), or None: one group of width T, rows as given."""
+    lens: the same on the host (see host_lengths), or None: one group of width T, rows as given.
+    One verify row per request (B = 1, a plain decode step) sees every key of its request: then the
+    groups are cut at exact lengths and SDPA runs unmasked (the masked CPU kernel is the slower one,
+    and a width-1 step must cost no more than SGLang's own decode)."""
     start, width = None, table.shape[1]
+    exact = block == 1 and window is None and lens is not None
     if window is not None:
         # Keys before prefix - W + 1 are outside every query's window: gather from there, so a long
         # context under a short window costs W - 1 + B columns, not the whole prefix.
@@ -164,7 +170,7 @@ def plan_rows(
     if lens is not None:
         keys = [min(p, window - 1) + block if window is not None else p + block for p in lens]
         order = sorted(range(len(keys)), key=keys.__getitem__, reverse=True)
-        groups = length_groups([keys[i] for i in order])
+        groups = length_groups([keys[i] for i in order], exact)
         width = min(width, groups[0][2])
     else:
         order, groups = list(range(table.shape[0])), [(0, table.shape[0], width)]
@@ -178,7 +184,8 @@ def plan_rows(
         idx = table[:, :width]
     else:  # clamped columns lie past prefix + B: masked
         idx = table.gather(1, (start[:, None] + torch.arange(width, device=start.device)).clamp(max=table.shape[1] - 1))
-    return RowPlan(perm, inverse, groups, idx, batch_mask(prefix, block, width, start, window, causal))
+    mask = None if exact else batch_mask(prefix, block, width, start, window, causal)
+    return RowPlan(perm, inverse, groups, idx, mask)
 
 
 def attend_plan(
@@ -192,7 +199,8 @@ def attend_plan(
     for a, b, w in plan.groups:  # a few length groups, not one call per request
         idx = plan.idx[a:b, :w]
         k, v = gather_rows(k_cache, idx), gather_rows(v_cache, idx)
-        outs.append(batched_rows(qs[a:b], k, v, scale, plan.mask[a:b, :, :, :w]))
+        mask = None if plan.mask is None else plan.mask[a:b, :, :, :w]
+        outs.append(batched_rows(qs[a:b], k, v, scale, mask))
     out = outs[0] if len(outs) == 1 else torch.cat(outs)
     if plan.inverse is not None:
         out = out.index_select(0, plan.inverse)
