@@ -35,6 +35,7 @@ def simulate(ctl, accept_p, bs=1, steps=400, seed=0):
                 a += 1
             acc.append(a)
         ctl.observe(w, acc, [])
+        ctl.observe_cost(bs, w, ctl.cost.profiled(bs, w) if ctl.cost else 1.0)
         tokens += bs + sum(acc)
         seconds += ctl.cost.profiled(bs, w) if ctl.cost else 1.0
     return tokens / seconds

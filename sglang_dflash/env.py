@@ -88,7 +88,7 @@ PROFILE = EnvVar(
     "SGLANG_DFLASH_PROFILE",
     bool,
     True,
-    "0: skip the start-up step-cost profile (the controller then verifies the full block until measured)",
+    "0: skip the start-up step-cost profile (the controller then verifies the whole block)",
 )
 CPU_SHIMS_LOGGED = EnvVar(
     "SGLANG_DFLASH_CPU_SHIMS_LOGGED", bool, False, "internal: set once the CPU `sgl_kernel` stand-in warning was shown"

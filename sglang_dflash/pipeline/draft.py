@@ -44,18 +44,22 @@ def propose(
     positions: torch.Tensor,
     temperatures: Optional[torch.Tensor] = None,
     gumbel: Optional[torch.Tensor] = None,
+    width: Optional[int] = None,
 ) -> Proposal:
     """block_ids, positions [bs, B]; attend: non-causal attention over context + block per request.
     embed: token ids [N] -> [N, H] (the target's); logits_fn: [N, H] -> [N, V] (the target's LM head).
     temperatures [bs] (> 0: that row's path is sampled, with its q kept for rejection; <= 0: the
-    best path, a point mass) and gumbel [bs, B-1, K] noise: sampled DFlash 2 paths."""
+    best path, a point mass) and gumbel [bs, B-1, K] noise: sampled DFlash 2 paths.
+    width: the step verifies only the first W rows: the block is drafted whole (the drafter's trained
+    size), but a DFlash 1 drafter reads the LM head (a [rows, vocab] matmul) at those W-1 slots only."""
     bs, block = block_ids.shape
     x = embed(block_ids.reshape(-1)).to(drafter.fc.weight.dtype)  # [bs*B, H]
     hidden = drafter(x, positions.reshape(-1), attend, block).view(bs, block, -1)
-    slots = hidden[:, 1:, :]  # [bs, B-1, H]
-    logits = logits_fn(slots.reshape(bs * (block - 1), -1)).view(bs, block - 1, -1)  # [bs, B-1, V]
-    out = block_ids.clone()
     selector = drafter.selector
+    keep = block if width is None or selector is not None else width  # the selector walks every slot
+    slots = hidden[:, 1:keep, :]  # [bs, keep-1, H]
+    logits = logits_fn(slots.reshape(bs * (keep - 1), -1)).view(bs, keep - 1, -1)  # [bs, keep-1, V]
+    out = block_ids[:, :keep].clone()
     if selector is None:
         out[:, 1:] = logits.argmax(dim=-1)
         return Proposal(out)

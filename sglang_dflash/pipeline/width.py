@@ -219,8 +219,8 @@ class WidthController:
             return probe
         return 1
 
-    def observe(self, width: int, accepted_greedy: Sequence[int], accepted_sampled: Sequence[int], seconds=None):
-        """After a step: drafts accepted per row (split by kind) and the step's measured seconds."""
+    def observe(self, width: int, accepted_greedy: Sequence[int], accepted_sampled: Sequence[int]) -> None:
+        """After a step: drafts accepted per row, split by kind."""
         for st in self.accept.values():
             st.age()
         if width > 1:
@@ -228,5 +228,8 @@ class WidthController:
                 self.accept[False].update(accepted_greedy, width)
             if accepted_sampled:
                 self.accept[True].update(accepted_sampled, width)
-        if seconds is not None and self.cost is not None:
-            self.cost.observe(len(accepted_greedy) + len(accepted_sampled), width, seconds)
+
+    def observe_cost(self, bs: int, width: int, seconds: float) -> None:
+        """A step's measured seconds, all in (the worker adds the scheduler's time up to the next step)."""
+        if self.cost is not None:
+            self.cost.observe(bs, width, seconds)

@@ -59,14 +59,15 @@ def profile_batch_sizes(max_running: int) -> list[int]:
     return sizes + ([max_running] if max_running not in sizes and max_running < PROFILE_BATCHES[-1] else [])
 
 
-def profile_costs(worker, widths: list[int], batch_sizes: list[int], repeats: int = 2) -> CostTable:
-    """Best of `repeats` timed dummy steps per (bs, W), after one warm-up step each."""
+def profile_costs(worker, widths: list[int], batch_sizes: list[int]) -> CostTable:
+    """One timed dummy step per (bs, W), after one warm-up step per bs at the widest W (a short
+    profile: the online correction refines it from real steps)."""
     seconds = {}
     t0 = time.perf_counter()
     for bs in batch_sizes:
+        _dummy_step(worker, bs, widths[-1])
         for w in widths:
-            runs = [_dummy_step(worker, bs, w) for _ in range(repeats + 1)]
-            seconds[(bs, w)] = min(runs[1:])
+            seconds[(bs, w)] = _dummy_step(worker, bs, w)
     table = CostTable(batch_sizes, widths, seconds)
     logger.info(
         "DFLASH step cost profile (%.1f s, prefix %d; ms per step, forced monotone):\n%s",
@@ -91,7 +92,7 @@ def _dummy_step(worker, bs: int, width: int) -> float:
     start = time.perf_counter()
     draft = block_ids[:, :width]
     if width > 1:
-        draft = worker.draft(batch, prefix, slots.reshape(-1), block_ids, positions, None).tokens[:, :width]
+        draft = worker.draft(batch, prefix, slots.reshape(-1), block_ids, positions, None, width).tokens
     out = dummy_verify_forward(worker._target_worker, draft, positions[:, :width], slots[:, :width], pool_rows, prefix)
     tokens = out.next_token_logits.argmax(-1).view(bs, width)
     budget = torch.full((bs,), 1 << 30, dtype=torch.int64, device=dev)

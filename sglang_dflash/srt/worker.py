@@ -9,6 +9,7 @@ decode:   block -> one non-causal draft forward -> one target TARGET_VERIFY forw
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -74,6 +75,7 @@ class DFlashWorker(BaseSpecWorker):
         self.metrics = dflash_metrics.create(self.block_size)
         self.draft_steps = self.draft_failures = 0
         self.width = None  # the verify-width controller, made at start-up's end (init_cuda_graphs)
+        self._step_cost = None  # (bs, width, stage seconds, end time) of the last decode step
         self.pre_sample = PreSampleLogits(runner.sampler)  # seeded prefill rows: see seeded_prefill.py
         logger.info(
             "DFLASH served by sglang_dflash (ours): block_size=%d (drafter trained %d), "
@@ -147,6 +149,7 @@ class DFlashWorker(BaseSpecWorker):
         return {"draft_steps": self.draft_steps, "draft_failures": self.draft_failures, **width}
 
     def _prefill(self, batch, on_publish):
+        self._step_cost = None  # a prefill runs between: the gap is not the last decode step's
         sampling = sampling_rows(batch)
         seeded = sampling is not None and any(s is not None for s in sampling.seeds)
         self.pre_sample.armed = seeded
@@ -173,8 +176,9 @@ class DFlashWorker(BaseSpecWorker):
         out.next_draft_input = make_draft_input_v2(bonus_tokens=out.next_token_ids, new_seq_lens=batch.seq_lens)
         return out
 
-    def draft(self, batch, prefix, slots, block_ids, positions, sampling) -> Proposal:
-        """One drafter forward over the whole block. slots [bs*B]; block_ids, positions [bs, B]."""
+    def draft(self, batch, prefix, slots, block_ids, positions, sampling, width=None) -> Proposal:
+        """One drafter forward over the whole block -> proposals for its first `width` rows (default
+        B). slots [bs*B]; block_ids, positions [bs, B]."""
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         cuda = self.device_type == "cuda"
         attend = block_attention(self.cfg, self.block_size, cuda, self.draft_kv, req_to_token, batch, prefix, slots)
@@ -189,16 +193,18 @@ class DFlashWorker(BaseSpecWorker):
             temps = torch.where(seeded, 0.0, sampling.temperatures)
             gumbel_noise = gumbel(bs, self.block_size - 1, k, sampling.seeds, sampling.offsets, WALK, block_ids.device)
         embed = self.model_runner.model.model.embed_tokens
-        return propose(self.drafter, attend, embed, self._lm_head_logits, block_ids, positions, temps, gumbel_noise)
+        return propose(
+            self.drafter, attend, embed, self._lm_head_logits, block_ids, positions, temps, gumbel_noise, width
+        ).first(width or self.block_size)
 
-    def _safe_draft(self, batch, prefix, slots, block_ids, positions, sampling) -> Proposal:
+    def _safe_draft(self, batch, prefix, slots, block_ids, positions, sampling, width) -> Proposal:
         """Draft the block; if the drafter fails, verify the bare block [anchor, MASK...] instead:
         this batch decodes one token per request (output stays exact) and the server keeps going."""
         self.draft_steps += 1
         try:
             if DEBUG_FAIL_DRAFT_EVERY and self.draft_steps % DEBUG_FAIL_DRAFT_EVERY == 0:
                 raise RuntimeError("injected drafter failure (SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY)")
-            return self.draft(batch, prefix, slots, block_ids, positions, sampling)
+            return self.draft(batch, prefix, slots, block_ids, positions, sampling, width)
         except Exception as e:  # noqa: BLE001 - any drafter fault degrades to plain decoding
             self.draft_failures += 1
             if self.metrics is not None:
@@ -211,7 +217,7 @@ class DFlashWorker(BaseSpecWorker):
                 len(batch.reqs),
                 self.draft_failures,
             )
-            return Proposal(block_ids)
+            return Proposal(block_ids[:, :width])
 
     def _lm_head_logits(self, hidden):
         """hidden [N, H] -> [N, vocab] with the target's (vocab-parallel) LM head."""
@@ -224,6 +230,9 @@ class DFlashWorker(BaseSpecWorker):
     def _decode(self, batch, on_publish):
         B = self.block_size
         prefix = batch.seq_lens  # [bs]
+        if self._step_cost is not None:  # the last step's cost, all in: its stages + the scheduler until now
+            bs, width, stages, end = self._step_cost
+            self.width.observe_cost(bs, width, stages + time.perf_counter() - end)
         sampling = sampling_rows(batch)
         sampled = sampled_flags(batch)  # [bs] host bools: acceptance statistics per kind
         W = self.width.choose(len(sampled), sum(sampled), batch.reqs[0].spec_verify_ct)
@@ -236,7 +245,7 @@ class DFlashWorker(BaseSpecWorker):
         # 1) draft: one non-causal drafter forward proposes the whole block (trained size B); the
         #    step verifies its first W rows. W = 1 is a plain decode step: no draft forward at all.
         if W > 1:
-            proposal = self._safe_draft(batch, prefix, slots.reshape(-1), block_ids, positions, sampling).first(W)
+            proposal = self._safe_draft(batch, prefix, slots.reshape(-1), block_ids, positions, sampling, W)
         else:
             proposal = Proposal(block_ids[:, :1])
         positions, slots = positions[:, :W], slots[:, :W]
@@ -273,11 +282,9 @@ class DFlashWorker(BaseSpecWorker):
         accepted = acc.accept_lens.tolist()
         seconds = clock.seconds()
         self.width.observe(
-            W,
-            [a for a, s in zip(accepted, sampled) if not s],
-            [a for a, s in zip(accepted, sampled) if s],
-            sum(seconds.values()),
+            W, [a for a, s in zip(accepted, sampled) if not s], [a for a, s in zip(accepted, sampled) if s]
         )
+        self._step_cost = (len(accepted), W, sum(seconds.values()), time.perf_counter())
         if self.metrics is not None:
             self.metrics.record(acc.commit_lens.tolist(), seconds, W, self.width.last_rates)
         nxt = make_draft_input_v2(bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens)
