@@ -1,9 +1,9 @@
 """Our DFLASH speculative worker: the one module that drives the stages through SGLang's scheduler.
 
 prefill:  target extend (aux features captured) -> projection -> drafter KV at the prompt's slots
-decode:   block -> one non-causal draft forward -> one target TARGET_VERIFY forward -> accept
-          -> commit the accepted rows' context K/V (the block's other rows are simply overwritten
-          by later writes to the same slots).
+decode:   width W (pipeline/width.py) -> block -> one non-causal draft forward (none at W = 1) ->
+          one target TARGET_VERIFY forward over W rows -> accept -> commit the accepted rows'
+          context K/V (the block's other rows are simply overwritten by later writes to the slots).
 """
 
 from __future__ import annotations
