@@ -15,10 +15,10 @@ from types import SimpleNamespace
 
 import torch
 
+from sglang_dflash import env
 from sglang_dflash.pipeline.accept import accept_block
 from sglang_dflash.pipeline.block import build_block
 from sglang_dflash.pipeline.context_kv import write_context
-from sglang_dflash import env
 from sglang_dflash.pipeline.width import CostTable, WidthController, candidate_widths, load_width_config
 from sglang_dflash.srt.metrics import sync
 from sglang_dflash.srt.verify_backend import dummy_verify_forward
