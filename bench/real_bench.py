@@ -19,7 +19,7 @@ Design (so a noisy 2-core machine cannot decide a ratio; one server at a time):
 Per configuration: output tokens/s, speedup, tau (provenance.tau: committed tokens / verify
 steps, pooled over requests and repeats; the server's sglang:dflash_accept_length histogram is
 kept as tau_hist), the verify widths chosen (steps per width, from sglang:dflash_verify_width),
-seconds per stage (draft / verify / kv_write), TTFT and inter-token latency p50/p99 (streaming
+seconds per stage (draft / verify / sample / kv_write), TTFT and inter-token latency p50/p99 (streaming
 clients, pooled over repeats), and the provenance (commit, dirty flag, both arms' server argv). Writes
 bench/results/real_bench.jsonl and real_bench.png.
 
@@ -42,6 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import provenance  # noqa: E402
+from sglang_dflash.srt.metrics import STAGES  # noqa: E402
 from sglang_dflash.testing.servers import launch  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -95,7 +96,7 @@ def accept_hist(url: str) -> tuple[dict[int, float], dict[str, float], dict[int,
                 le = line.split('le="')[1].split('"')[0]
                 if le != "+Inf":
                     into[int(float(le))] = into.get(int(float(le)), 0) + float(line.split()[-1])
-        for stage in ("draft", "verify", "kv_write"):
+        for stage in STAGES:
             if line.startswith(f"sglang:dflash_{stage}_seconds_sum"):
                 stages[stage] = stages.get(stage, 0.0) + float(line.split()[-1])
     return out, stages, widths

@@ -8,6 +8,7 @@ import pytest
 import requests
 import torch
 
+from sglang_dflash.srt.metrics import STAGES
 from sglang_dflash.testing.servers import launch, penalty_cases, prompts
 
 SAMPLES = prompts(6, seed=3, max_len=40)
@@ -202,7 +203,7 @@ def test_dflash_metrics_match_meta_info(mixed):
     assert d["sglang:dflash_accept_length_sum"] == sum(m["completion_tokens"] - 1 for m in metas) - plain_steps
     rates = [v for k, v in after.items() if k.startswith("sglang:dflash_expected_tokens_per_second{width=")]
     assert len(rates) == 5 and all(r > 0 for r in rates), rates  # one gauge per candidate width
-    for stage in ("draft", "verify", "kv_write"):  # requests ran one at a time: one step per verify
+    for stage in STAGES:  # requests ran one at a time: one step per verify
         assert d[f"sglang:dflash_{stage}_seconds_count"] == verify
 
 

@@ -4,7 +4,7 @@ sglang:dflash_drafts_total                 blocks drafted (one per request per s
 sglang:dflash_draft_tokens_total           tokens proposed (B - 1 per block)
 sglang:dflash_accepted_tokens_total{position=j}  drafts accepted at block position j (1..B-1)
 sglang:dflash_accept_length                histogram of tokens committed per block (1..B, bonus included)
-sglang:dflash_{draft,verify,kv_write}_seconds     per-step stage times
+sglang:dflash_{draft,verify,sample,kv_write}_seconds  per-step stage times
 sglang:dflash_draft_failures_total         draft steps that raised (that batch decoded without a draft)
 sglang:dflash_verify_width                 histogram of the verify width chosen per step (1 = plain decode)
 sglang:dflash_expected_tokens_per_second{width=W}  the width controller's current estimate per width
@@ -16,6 +16,8 @@ import time
 from typing import Optional
 
 import torch
+
+STAGES = ("draft", "verify", "sample", "kv_write")  # a decode step's stages, in order (StageClock marks)
 
 
 def sync(device_type: str) -> None:
@@ -98,7 +100,7 @@ class DFlashMetrics:
             s: Histogram(f"sglang:dflash_{s}_seconds", f"DFlash {s} time per step", names, buckets=time_buckets).labels(
                 **labels
             )
-            for s in ("draft", "verify", "kv_write")
+            for s in STAGES
         }
 
     def record(self, commit_lens: list[int], seconds: dict, width: int, rates: dict) -> None:

@@ -251,9 +251,11 @@ class DFlashWorker(BaseSpecWorker):
         positions, slots = positions[:, :W], slots[:, :W]
         clock.mark("draft")
 
-        # 2) verify: the target runs the W rows as a causal chain; accept while drafts match its tokens
+        # 2) verify: the target runs the W rows as a causal chain; then sample its token per row and
+        #    accept while drafts match them
         logits_output = verify_forward(self._target_worker, batch, proposal.tokens, positions, slots)
         logits = logits_output.next_token_logits  # [bs*W, V]
+        clock.mark("verify")
         penalties = penalty_rows(batch, self.vocab_size, self.device)
         if penalties is not None:  # in place, as plain decoding does (logprobs see them too)
             logits.copy_(apply_penalties(logits, proposal.tokens, penalties).to(logits.dtype))
@@ -264,7 +266,7 @@ class DFlashWorker(BaseSpecWorker):
             compute_spec_logprobs(batch, logits_output, acc.out_tokens.clamp(min=0).reshape(-1), chain_stride=W)
         if on_publish is not None:
             on_publish(new_seq_lens)
-        clock.mark("verify")
+        clock.mark("sample")
 
         # 3) commit: only the committed rows' context K/V stay (at W = 1 the anchor's, so the next
         #    draft sees the full context); later writes overwrite the rest
