@@ -82,9 +82,16 @@ def arm_extra(extra: list[str], match_sched: bool) -> list[str]:
 def arm(name: str, draft: str, extra: list[str], match_sched: bool):
     """Arm name -> (drafter or None, server flags, environment). `plain`: no speculation;
     `fixed<W>`: block 16 (B if W > 16), every step verifying W rows (fixed1: plain decoding through
-    our worker); `adaptive`: block 16 (`adaptive<B>`: block B), width chosen by the controller."""
+    our worker); `adaptive`: block 16 (`adaptive<B>`: block B), width chosen by the controller.
+    A `+<rule>` suffix (e.g. `fixed16+q1`) sets the DFlash 1 proposal rule for sampled requests."""
     from sglang_dflash import env
 
+    if "+" in name:
+        base, rule = name.split("+", 1)
+        if rule not in env.PROPOSAL.choices:
+            raise SystemExit(f"--arms {name!r}: unknown proposal rule {rule!r} ({', '.join(env.PROPOSAL.choices)})")
+        d, flags, environ = arm(base, draft, extra, match_sched)
+        return d, flags, {**environ, env.PROPOSAL.name: rule}
     if name == "plain":
         return None, arm_extra(list(extra), match_sched), {}
     for kind in ("fixed", "adaptive"):

@@ -79,3 +79,10 @@ def test_bad_checkpoint_fails_at_startup(pair, tmp_path, case):
     errors = [line for line in out.splitlines() if "Error: " in line and message in line]
     assert errors, out[-3000:]
     print(case, "->", errors[-1][-240:])
+
+
+@pytest.mark.server
+def test_a_grammar_backend_without_rollback_fails_at_startup(pair):
+    target, drafter = pair("llama", "float32", None)
+    code, out = run_failing(target, drafter, extra=["--grammar-backend", "outlines"])
+    assert code != 0 and "--grammar-backend xgrammar" in out, out[-3000:]

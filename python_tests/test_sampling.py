@@ -356,3 +356,48 @@ def test_keyed_uniforms_are_uniform_and_independent_across_streams():
     assert abs(torch.corrcoef(torch.stack([a.reshape(-1), b.reshape(-1)]))[0, 1].item()) < 0.02
     again = uniform(3, 4, 8, [seeds[5], None, seeds[9]], [0, 0, 0], TARGET, "cpu")
     assert torch.equal(again[0], a[5]) and torch.equal(again[2], a[9])
+
+
+# ---- DFlash 1 drafts drawn from the drafter's own q (SGLANG_DFLASH_PROPOSAL=q1 / qall) ---------------
+def emit_two_dflash1_q(rule, n_sampled, temp, top_p, top_k, min_p):
+    from sglang_dflash.pipeline.draft import DRAFT_TOP_K, draft_sampling, sample_drafts
+
+    g = torch.Generator().manual_seed(1234)
+    L0 = torch.randn(V, generator=g) * 2
+    L1 = torch.randn(V, V, generator=g) * 2
+    p0 = filtered_probs(L0[None], temp, top_p, top_k, min_p)[0]
+    torch.manual_seed(5)
+    drafter = torch.stack([L0 + torch.randn(V) * 0.7] + [torch.randn(V) * 2 for _ in range(B - 2)])  # [B-1, V]
+    params = [torch.full((N,), x) for x in (temp, top_p)] + [torch.full((N,), top_k), torch.full((N,), min_p)]
+    rows = SamplingRows(*params)
+    temps, noise, slots = draft_sampling(rows, None, B, "q1" if n_sampled == 1 else "qall", "cpu")
+    assert slots == n_sampled and noise.shape == (N, B - 1, DRAFT_TOP_K)
+    prop = sample_drafts(torch.zeros(N, B, dtype=torch.long), drafter.expand(N, -1, -1), temps, slots, noise)
+    draft = prop.tokens
+    logits = torch.stack([L0.expand(N, V), L1[draft[:, 1]], L1[draft[:, 2]], L1[draft[:, 3]]], 1).reshape(N * B, V)
+    t = target_tokens(logits, B, rows, prop)
+    if rule == "resample_from_p":  # broken: keep the accept test, redraw a rejected draft from p
+        from sglang_dflash.pipeline.target_sampling import draw
+
+        fresh = draw(p0.expand(N, V), torch.rand(N))
+        t[:, 0] = torch.where(t[:, 0] == draft[:, 1], draft[:, 1], fresh)
+    res = accept_block(
+        draft, t, torch.zeros(N, dtype=torch.long), torch.full((N,), 100), stop_table([set()] * N, "cpu")
+    )
+    commit, out = res.commit_lens, res.out_tokens
+    first = out[:, 0]
+    nxt = target_tokens(L1[first], 1, rows).squeeze(1)
+    return first, torch.where(commit >= 2, out[:, 1], nxt), p0, commit
+
+
+@pytest.mark.parametrize("n_sampled", [1, B - 1])
+@pytest.mark.parametrize("temp,top_p,top_k,min_p", CASES[:3])
+def test_dflash1_drafts_from_q_are_lossless(n_sampled, temp, top_p, top_k, min_p):
+    first, second, p0, commit = emit_two_dflash1_q("ours", n_sampled, temp, top_p, top_k, min_p)
+    assert chi2_p(first, second, p0, temp, top_p, top_k, min_p) > 1e-3
+    assert 0.2 < float((commit >= 2).float().mean()) < 0.95  # the first draft is often accepted
+
+
+def test_dflash1_drafts_from_q_with_a_broken_redraw_are_caught():
+    first, second, p0, _ = emit_two_dflash1_q("resample_from_p", 1, 1.0, 1.0, -1, 0.0)
+    assert chi2_p(first, second, p0, 1.0, 1.0, -1, 0.0) < 1e-6

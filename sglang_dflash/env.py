@@ -90,6 +90,14 @@ PROFILE = EnvVar(
     True,
     "0: skip the start-up step-cost profile (the controller then verifies the whole block)",
 )
+PROPOSAL = EnvVar(
+    "SGLANG_DFLASH_PROPOSAL",
+    str,
+    "argmax",
+    "DFlash 1 drafts of unseeded sampled requests: `argmax` (sample-and-match), `q1` (draft 1 drawn "
+    "from the drafter's q, rejection), `qall` (every draft drawn from q, rejection)",
+    choices=("argmax", "q1", "qall"),
+)
 CPU_SHIMS_LOGGED = EnvVar(
     "SGLANG_DFLASH_CPU_SHIMS_LOGGED", bool, False, "internal: set once the CPU `sgl_kernel` stand-in warning was shown"
 )

@@ -14,6 +14,7 @@ import torch
 
 from sglang_dflash.model.drafter import DFlashDrafter
 from sglang_dflash.model.path import best_path, sample_path
+from sglang_dflash.pipeline.noise import WALK, gumbel
 
 # attend(layer, q [N, H, D], k_blk [N, Hkv, D], v_blk [N, Hkv, D]) -> [N, H, D]; see attention.py
 BlockAttention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -45,13 +46,16 @@ def propose(
     temperatures: Optional[torch.Tensor] = None,
     gumbel: Optional[torch.Tensor] = None,
     width: Optional[int] = None,
+    sampled_slots: int = 0,
 ) -> Proposal:
     """block_ids, positions [bs, B]; attend: non-causal attention over context + block per request.
     embed: token ids [N] -> [N, H] (the target's); logits_fn: [N, H] -> [N, V] (the target's LM head).
     temperatures [bs] (> 0: that row's path is sampled, with its q kept for rejection; <= 0: the
     best path, a point mass) and gumbel [bs, B-1, K] noise: sampled DFlash 2 paths.
     width: the step verifies only the first W rows: the block is drafted whole (the drafter's trained
-    size), but a DFlash 1 drafter reads the LM head (a [rows, vocab] matmul) at those W-1 slots only."""
+    size), but a DFlash 1 drafter reads the LM head (a [rows, vocab] matmul) at those W-1 slots only.
+    sampled_slots (DFlash 1): rows with temperature > 0 draw their first sampled_slots drafts from
+    the drafter's own q (see sample_drafts); gumbel [bs, B-1, DRAFT_TOP_K] is their noise."""
     bs, block = block_ids.shape
     x = embed(block_ids.reshape(-1)).to(drafter.fc.weight.dtype)  # [bs*B, H]
     hidden = drafter(x, positions.reshape(-1), attend, block).view(bs, block, -1)
@@ -61,6 +65,8 @@ def propose(
     logits = logits_fn(slots.reshape(bs * (keep - 1), -1)).view(bs, keep - 1, -1)  # [bs, keep-1, V]
     out = block_ids[:, :keep].clone()
     if selector is None:
+        if sampled_slots and temperatures is not None and bool((temperatures > 0).any()):
+            return sample_drafts(out, logits, temperatures, sampled_slots, gumbel)
         out[:, 1:] = logits.argmax(dim=-1)
         return Proposal(out)
     values, cand = selector.candidates(logits)  # [bs, B-1, K]
@@ -72,3 +78,43 @@ def propose(
         idx = torch.where(rows[:, None], sampled_idx, idx)
     out[:, 1:] = cand.gather(2, idx[..., None]).squeeze(2)
     return Proposal(out, cand, q, rows)
+
+
+DRAFT_TOP_K = 32  # a sampled DFlash 1 draft is drawn from the drafter's q over its top 32 tokens
+
+
+def sample_drafts(out, logits, temperatures, n_sampled: int, gumbel) -> Proposal:
+    """DFlash 1 drafts for sampled rows: slot j < n_sampled is drawn from q_j = softmax(top-K
+    drafter logits / T) (renormalized over the top K: any proposal distribution keeps rejection
+    sampling exact, as long as verify uses the same q); later slots are the argmax with a one-hot q
+    (rejection against a point mass is sample-and-match). Rows with T <= 0 get argmax drafts and are
+    not verified by rejection (q_rows False).
+    out [bs, P+1] (column 0 the anchor); logits [bs, P, V]; temperatures [bs]; gumbel [bs, >=P, K]."""
+    bs, p, _ = logits.shape
+    vals, cand = logits.float().topk(DRAFT_TOP_K, dim=-1)  # [bs, P, K], descending
+    rows = temperatures > 0
+    q = torch.softmax(vals / temperatures.clamp_min(1e-6).float()[:, None, None], dim=-1)
+    idx = (q.log() + gumbel[:, :p]).argmax(dim=-1)  # Gumbel-max: a draw from q
+    point = torch.zeros_like(q)
+    point[..., 0] = 1.0  # the argmax, as a point mass
+    slot_sampled = (torch.arange(p, device=logits.device) < n_sampled)[None, :] & rows[:, None]  # [bs, P]
+    idx = torch.where(slot_sampled, idx, 0)
+    q = torch.where(slot_sampled[..., None], q, point)
+    out[:, 1:] = cand.gather(2, idx[..., None]).squeeze(2)
+    return Proposal(out, cand, q, rows)
+
+
+def draft_sampling(sampling, selector_k: Optional[int], block: int, rule: str, device):
+    """A batch's SamplingRows (None: all greedy) -> (temperatures [bs], gumbel [bs, B-1, K], sampled
+    slots) for propose(): DFlash 2 (selector_k = its K) samples paths; DFlash 1 draws drafts from q
+    under rule "q1" / "qall" ("argmax": point masses only). Seeded rows always draft a point mass,
+    verified by sample-and-match, so their tokens depend only on (seed, position) whatever the verify
+    widths and the batch (a rejection against q depends on where blocks start, and widths move that)."""
+    if sampling is None or (selector_k is None and rule == "argmax"):
+        return None, None, 0
+    temps = sampling.temperatures.reshape(-1).to(device)
+    seeded = torch.tensor([s is not None for s in sampling.seeds or [None] * len(temps)], device=device)
+    temps = torch.where(seeded, 0.0, temps)
+    k = selector_k if selector_k is not None else DRAFT_TOP_K
+    noise = gumbel(len(temps), block - 1, k, None, None, WALK, device)
+    return temps, noise, 0 if selector_k is not None else 1 if rule == "q1" else block - 1

@@ -36,6 +36,11 @@ def handle_dflash(original, server_args):
         raise ValueError("DFLASH (sglang_dflash) supports --pp-size 1 only")
     if cfg.speculative_draft_model_path is None:
         raise ValueError("DFLASH needs --speculative-draft-model-path (a DFlash drafter checkpoint)")
+    if getattr(cfg, "grammar_backend", None) == "outlines":  # its grammars cannot roll back
+        raise ValueError(
+            "DFLASH (sglang_dflash) masks verify rows along the draft chain and needs a grammar backend "
+            "with rollback: use --grammar-backend xgrammar (the default) or llguidance, not outlines"
+        )
     flag = cfg.speculative_dflash_block_size or cfg.speculative_num_draft_tokens
     block = resolve_block_size(flag, cfg.speculative_draft_model_path)
     decisions = dict(

@@ -1,19 +1,15 @@
-"""Per-request features our verify path does not yet reproduce exactly. Such a request is refused
+"""Per-request features our verify path does not reproduce exactly. Such a request is refused
 with a clear message (the scheduler aborts it, everyone else keeps being served) rather than
 served with a silently different distribution. Penalties, min_new_tokens and logit_bias are served
-exactly (penalties.py); grammars, watermarks and custom logit processors are not yet."""
+exactly (penalties.py), and so are grammars (json_schema, regex, ebnf, structural_tag:
+grammar_mask.py). Watermarks and custom logit processors are not: SGLang applies them inside its
+sampler to one row per request, with state our multi-row verify cannot replay exactly."""
 
 from __future__ import annotations
 
 from typing import Optional
 
-_UNSUPPORTED = (
-    ("json_schema", lambda v: v is not None),
-    ("regex", lambda v: v is not None),
-    ("ebnf", lambda v: v is not None),
-    ("structural_tag", lambda v: v is not None),
-    ("watermark", lambda v: bool(v)),
-)
+_UNSUPPORTED = (("watermark", lambda v: bool(v)),)
 
 
 def unsupported_reason(sampling_params, custom_logit_processor=None) -> Optional[str]:

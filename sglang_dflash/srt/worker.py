@@ -26,7 +26,7 @@ from sglang_dflash.pipeline.accept import accept_block
 from sglang_dflash.srt.batch_sampling import limits, penalty_rows, sampled_flags, sampling_rows
 from sglang_dflash.pipeline.block import block_slots, build_block
 from sglang_dflash.model.config import check_against_target, load_drafter_config, resolve_block_size
-from sglang_dflash.pipeline.draft import Proposal, propose
+from sglang_dflash.pipeline.draft import Proposal, draft_sampling, propose
 from sglang_dflash.pipeline.context_kv import DraftKVCache
 from sglang_dflash import env
 from sglang_dflash.srt import metrics as dflash_metrics
@@ -39,7 +39,7 @@ from sglang_dflash.model.loader import load_drafter
 from sglang_dflash.pipeline.context_kv import write_context
 from sglang_dflash.model.mask_token import resolve_mask_token_id
 from sglang_dflash.pipeline.penalties import apply_penalties
-from sglang_dflash.pipeline.noise import WALK, gumbel
+from sglang_dflash.pipeline.grammar_mask import apply_masks, chain_masks
 from sglang_dflash.pipeline.target_sampling import target_tokens
 
 logger = logging.getLogger("sglang_dflash")
@@ -48,6 +48,7 @@ logger = logging.getLogger("sglang_dflash")
 # Nth draft step raise (fault injection).
 DEBUG_DUMP_DIR = env.DEBUG_DUMP_DIR.get()
 DEBUG_FAIL_DRAFT_EVERY = env.DEBUG_FAIL_DRAFT_EVERY.get()
+PROPOSAL = env.PROPOSAL.get()  # DFlash 1 drafts for unseeded sampled rows (env.py)
 
 
 class DFlashWorker(BaseSpecWorker):
@@ -182,19 +183,12 @@ class DFlashWorker(BaseSpecWorker):
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         cuda = self.device_type == "cuda"
         attend = block_attention(self.cfg, self.block_size, cuda, self.draft_kv, req_to_token, batch, prefix, slots)
-        temps = gumbel_noise = None
         sel = self.drafter.selector
-        if sampling is not None and sel is not None:  # DFlash 2 sampled paths: noise keyed like verify's
-            bs, k = block_ids.shape[0], min(sel.top_k, self.vocab_size)
-            # Seeded rows draft the best path and are verified by sample-and-match: their tokens then
-            # depend only on (seed, position), whatever the verify widths and the batch (a rejection
-            # against q depends on where the blocks start, and the widths move that).
-            seeded = torch.tensor([s is not None for s in sampling.seeds], device=block_ids.device)
-            temps = torch.where(seeded, 0.0, sampling.temperatures)
-            gumbel_noise = gumbel(bs, self.block_size - 1, k, sampling.seeds, sampling.offsets, WALK, block_ids.device)
+        k = None if sel is None else min(sel.top_k, self.vocab_size)
+        temps, noise, from_q = draft_sampling(sampling, k, self.block_size, PROPOSAL, block_ids.device)
         embed = self.model_runner.model.model.embed_tokens
         return propose(
-            self.drafter, attend, embed, self._lm_head_logits, block_ids, positions, temps, gumbel_noise, width
+            self.drafter, attend, embed, self._lm_head_logits, block_ids, positions, temps, noise, width, from_q
         ).first(width or self.block_size)
 
     def _safe_draft(self, batch, prefix, slots, block_ids, positions, sampling, width) -> Proposal:
@@ -259,6 +253,9 @@ class DFlashWorker(BaseSpecWorker):
         penalties = penalty_rows(batch, self.vocab_size, self.device)
         if penalties is not None:  # in place, as plain decoding does (logprobs see them too)
             logits.copy_(apply_penalties(logits, proposal.tokens, penalties).to(logits.dtype))
+        if batch.has_grammar:  # structured outputs: each row masked with the grammar along the chain
+            grammars = [r.grammar for r in batch.reqs]
+            apply_masks(grammars, logits, chain_masks(grammars, proposal.tokens, self.vocab_size))
         tokens = target_tokens(logits, W, sampling, proposal)  # [bs, W]
         acc = accept_block(proposal.tokens, tokens, prefix, *limits(batch, self.device))
         new_seq_lens = acc.new_seq_lens.to(prefix.dtype)
