@@ -59,8 +59,11 @@ def target_tokens(
     rep = lambda t: t.reshape(-1).repeat_interleave(block)  # noqa: E731  [bs] -> [bs*B]
     lf = logits.float()  # argmax on float32 is ~4x faster than on bf16 on CPU
     greedy = lf.argmax(dim=-1).view(bs, block) if bool(is_greedy.any()) else None
-    inv_t = rep(1.0 / temps.clamp_min(1e-6))[:, None]
-    scaled = lf.mul_(inv_t) if lf.data_ptr() != logits.data_ptr() else lf * inv_t  # never the caller's
+    if bool((temps == 1).all()):  # the OpenAI default: no scaling pass
+        scaled = lf
+    else:
+        inv_t = rep(1.0 / temps.clamp_min(1e-6))[:, None]
+        scaled = lf.mul_(inv_t) if lf.data_ptr() != logits.data_ptr() else lf * inv_t  # never the caller's
     probs = torch.softmax(scaled, dim=-1)
     probs = _filter(
         probs, rep(top_ks_), rep(top_ps) if top_ps is not None else None, rep(min_ps) if min_ps is not None else None
