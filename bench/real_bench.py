@@ -62,9 +62,9 @@ def heldout_prompts(tokenizer, n: int) -> list[list[int]]:
     ]
 
 
-def stream_one(url: str, ids: list[int], max_new: int, temperature: float, seed: int) -> dict:
+def stream_one(url: str, ids: list[int], max_new: int, temperature: float, seed: int | None) -> dict:
     sp = {"max_new_tokens": max_new, "temperature": temperature}
-    if temperature > 0:
+    if temperature > 0 and seed is not None:
         sp["sampling_seed"] = seed
     t0 = time.perf_counter()
     times, meta = [], {}
@@ -113,13 +113,15 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))] if xs else float("nan")
 
 
-def run(srv, batch, conc, max_new, temp):
+def run(srv, batch, conc, max_new, temp, seeded=True):
     """One measured row on a warm server whose prefix cache is flushed first."""
     provenance.flush_cache(srv.url)
     before, st0, w0 = accept_hist(srv.url)
     t = time.perf_counter()
     with cf.ThreadPoolExecutor(conc) as ex:
-        outs = list(ex.map(lambda a: stream_one(srv.url, a[1], max_new, temp, a[0]), enumerate(batch)))
+        outs = list(
+            ex.map(lambda a: stream_one(srv.url, a[1], max_new, temp, a[0] if seeded else None), enumerate(batch))
+        )
     wall = time.perf_counter() - t
     after, st1, w1 = accept_hist(srv.url)
     metas = [o["meta"] for o in outs]
@@ -224,6 +226,9 @@ def main():
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument(
+        "--unseeded", action="store_true", help="sampled requests without sampling_seed (DFlash 1 q proposal rules)"
+    )
     provenance.add_method_args(ap)
     ap.add_argument("--out", default=os.path.join(RESULTS, "real_bench.jsonl"))
     a = ap.parse_args()
@@ -247,7 +252,11 @@ def main():
                 for temp in a.temperatures:
                     for c in a.concurrency:
                         n = min(len(batch), max(c, 2 * c if c < 16 else c, 6))
-                        r = {"config": cfg, "repeat": rep, **run(srv, batch[:n], c, a.max_new_tokens, temp)}
+                        r = {
+                            "config": cfg,
+                            "repeat": rep,
+                            **run(srv, batch[:n], c, a.max_new_tokens, temp, not a.unseeded),
+                        }
                         print(
                             json.dumps({k: r[k] for k in ("config", "repeat", "temperature", "concurrency", "tok_s")}),
                             flush=True,
@@ -255,7 +264,7 @@ def main():
                         runs.append(r)
     rows = collate(runs, prov, argv, a.match_sched, a.max_new_tokens)
     for r in rows:
-        r["env"] = arms[r["config"]][2]
+        r["env"], r["seeded"] = arms[r["config"]][2], not a.unseeded
     with open(a.out, "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
