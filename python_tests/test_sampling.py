@@ -224,7 +224,8 @@ def ours_vs_sglang(monkeypatch, logits, params):
     ours = torch.nn.functional.one_hot(tokens, V).float()
     if seen:
         sampled = rows.temperatures > 0
-        ours[sampled] = (seen[0] / seen[0].sum(-1, keepdim=True))[sampled]
+        dist = torch.cat(seen)  # draw() runs once per row chunk
+        ours[sampled] = (dist / dist.sum(-1, keepdim=True))[sampled]
     want = sglang_probs(
         logits,
         [sp.temperature for sp in params],

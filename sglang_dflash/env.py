@@ -93,7 +93,7 @@ PROFILE = EnvVar(
 PROPOSAL = EnvVar(
     "SGLANG_DFLASH_PROPOSAL",
     str,
-    "argmax",
+    "qall",
     "DFlash 1 drafts of unseeded sampled requests: `argmax` (sample-and-match), `q1` (draft 1 drawn "
     "from the drafter's q, rejection), `qall` (every draft drawn from q, rejection)",
     choices=("argmax", "q1", "qall"),

@@ -56,27 +56,47 @@ def target_tokens(
     is_greedy = (top_ks_ == 1) | (temps <= 0)
     if bool(is_greedy.all()):
         return logits.argmax(dim=-1).view(bs, block)
-    rep = lambda t: t.reshape(-1).repeat_interleave(block)  # noqa: E731  [bs] -> [bs*B]
-    lf = logits.float()  # argmax on float32 is ~4x faster than on bf16 on CPU
-    greedy = lf.argmax(dim=-1).view(bs, block) if bool(is_greedy.any()) else None
-    if bool((temps == 1).all()):  # the OpenAI default: no scaling pass
-        scaled = lf
-    else:
-        inv_t = rep(1.0 / temps.clamp_min(1e-6))[:, None]
-        scaled = lf.mul_(inv_t) if lf.data_ptr() != logits.data_ptr() else lf * inv_t  # never the caller's
-    probs = torch.softmax(scaled, dim=-1)
-    probs = _filter(
-        probs, rep(top_ks_), rep(top_ps) if top_ps is not None else None, rep(min_ps) if min_ps is not None else None
-    )
-    # Inverse CDF with one uniform per row: exact like multinomial, and seeded rows bring their own.
-    sampled = draw(probs, uniform(bs, block, 1, seeds, offsets, TARGET, probs.device)).view(bs, block)
+    rep = lambda t: None if t is None else t.reshape(-1).repeat_interleave(block)  # noqa: E731  [bs] -> [bs*B]
+    inv_t, ks, ps, mps = rep(1.0 / temps.clamp_min(1e-6)), rep(top_ks_), rep(top_ps), rep(min_ps)
+    unit = bool((temps == 1).all())  # the OpenAI default: no scaling pass
+    want_greedy = bool(is_greedy.any())
+    keep = proposal is not None and proposal.q is not None  # rejection needs every row's p
+    u = uniform(bs, block, 1, seeds, offsets, TARGET, logits.device).reshape(-1)
+    n, vocab = logits.shape
+    sampled = torch.empty(n, dtype=torch.int64, device=logits.device)
+    greedy = torch.empty_like(sampled) if want_greedy else None
+    probs_all = torch.empty(n, vocab, device=logits.device) if keep else None
+    # Row chunks that stay in cache: float conversion, softmax, filter and draw per chunk run ~5x
+    # faster on CPU than whole-tensor passes over [bs * W, V] (256 x 49,152 floats: 56 -> 11 ms).
+    for a in range(0, n, CHUNK_ROWS):
+        b = min(n, a + CHUNK_ROWS)
+        chunk = logits[a:b]
+        lf = chunk.float()  # argmax on float32 is ~4x faster than on bf16 on CPU
+        if want_greedy:
+            greedy[a:b] = lf.argmax(dim=-1)
+        if not unit:  # in place unless .float() returned the caller's own tensor
+            lf = lf.mul_(inv_t[a:b, None]) if lf.data_ptr() != chunk.data_ptr() else lf * inv_t[a:b, None]
+        probs = _filter(torch.softmax(lf, dim=-1), ks[a:b], _part(ps, a, b), _part(mps, a, b))
+        # Inverse CDF with one uniform per row: exact like multinomial; seeded rows bring their own.
+        sampled[a:b] = draw(probs, u[a:b])
+        if keep:
+            probs_all[a:b] = probs
+    sampled = sampled.view(bs, block)
+    greedy = None if greedy is None else greedy.view(bs, block)
     if proposal is not None and proposal.q is not None:
         rejected = _rejection(
-            probs.view(bs, block, -1), sampled, proposal.tokens, proposal.cand_ids, proposal.q, seeds, offsets
+            probs_all.view(bs, block, -1), sampled, proposal.tokens, proposal.cand_ids, proposal.q, seeds, offsets
         )
         rows = proposal.q_rows
         sampled = rejected if rows is None else torch.where(rows.reshape(-1, 1), rejected, sampled)
     return sampled if greedy is None else torch.where(is_greedy[:, None], greedy, sampled)
+
+
+CHUNK_ROWS = 16
+
+
+def _part(t, a, b):
+    return None if t is None else t[a:b]
 
 
 def _rejection(probs, sampled, draft, cand_ids, q, seeds, offsets):
