@@ -61,7 +61,7 @@ def mixed(pair, tmp_path_factory):
         drafter,
         "float32",
         name="dflash-serving",
-        extra=["--enable-metrics", "--enable-watermark"],  # watermark requests reach our refusal
+        extra=["--enable-metrics", "--enable-custom-logit-processor"],  # such requests reach our refusal
         env={"SGLANG_DFLASH_DEBUG_DUMP_DIR": str(dump)},
     ) as srv:
         yield srv, cases, want, dump, (base, pen_want, lp_want)
@@ -248,10 +248,17 @@ def test_logprobs_match_plain(mixed):
 @pytest.mark.server
 def test_unsupported_sampling_features_are_refused_clearly(mixed):
     srv = mixed[0]
-    for params in ({"watermark": {"enabled": True}},):  # grammars are served (test_structured.py)
-        body = {"input_ids": SAMPLES[1], "sampling_params": {"max_new_tokens": 8, **params}}
-        r = requests.post(srv.url + "/generate", json=body, timeout=120)
-        text = r.text
-        assert "sglang_dflash" in text and next(iter(params)) in text, (params, r.status_code, text[:300])
+    from sglang_dflash.srt.cpu_shims import install_cpu_shims
+
+    install_cpu_shims()  # without a GPU, SGLang's module-level sgl_kernel imports need these stand-ins
+    from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
+
+    # Grammars are served (test_structured.py); watermarks need --device cuda in SGLang itself.
+    proc = DisallowedTokensLogitsProcessor().to_str()
+    body = {"input_ids": SAMPLES[1], "sampling_params": {"max_new_tokens": 8}, "custom_logit_processor": proc}
+    r = requests.post(srv.url + "/generate", json=body, timeout=120)
+    text = r.text
+    assert 400 <= r.status_code < 500, (r.status_code, text[:300])
+    assert "sglang_dflash" in text and "custom_logit_processor" in text, (r.status_code, text[:300])
     ok = run_case(srv, SAMPLES[1], {"max_new_tokens": 8})  # the server keeps serving
     assert len(ok["output_ids"]) == 8

@@ -69,6 +69,10 @@ def validate_request(original, req, enable_overlap):
 
         reason = unsupported_reason(req.sampling_params, getattr(req, "custom_logit_processor", None))
         if reason:
+            # The refused request still passes through one prefill on its way out (SGLang finishes
+            # aborted requests in a batch): drop its processor so it never runs there.
+            if getattr(req, "custom_logit_processor", None):
+                req.custom_logit_processor = None
             return reason
     return original(req, enable_overlap)
 
