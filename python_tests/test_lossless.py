@@ -48,7 +48,7 @@ CHATS = [
     ],
 ]
 
-# (arch, dtype, steer strength or None, block size, extra server flags, width mode)
+# (arch, dtype, steer strength or None, block size, extra server flags, width mode[, draft vocab N])
 CHUNKED = ("--chunked-prefill-size", "64")  # prompts up to 300 tokens prefill in 64-token chunks
 TP2 = ("--tp-size", "2")  # two CPU ranks: replicated drafter, vocab-parallel LM head
 CONFIGS = [
@@ -59,6 +59,7 @@ CONFIGS = [
     ("qwen3", "float32", "mixed", 8, (), "random"),
     ("qwen3", "float32", "mixed", 4, (), "random"),
     ("llama", "float32", "mixed", 16, CHUNKED, "adaptive"),
+    ("llama", "float32", "mixed", 16, (), "random", 96),  # a reduced draft vocabulary (d2t)
     ("qwen3", "float32", "mixed", 16, TP2, "fixed"),
     ("llama", "bfloat16", "mixed", 16, (), "fixed"),
 ]
@@ -83,13 +84,15 @@ def chat(url, messages, stream=False):
 @pytest.fixture(
     scope="module",
     params=CONFIGS,
-    ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}-b{c[3]}-{c[5]}" + "".join(c[4]).replace("--", "-"),
+    ids=lambda c: (
+        f"{c[0]}-{c[1]}-{c[2]}-b{c[3]}-{c[5]}" + "".join(c[4]).replace("--", "-") + "".join(f"-dv{n}" for n in c[6:])
+    ),
 )
 def served(request, pair):
     from sglang_dflash.testing.pairs import MIXED
 
-    arch, dtype, steer, block, flags, mode = request.param
-    target, drafter = pair(arch, dtype, MIXED[arch] if steer else None)
+    arch, dtype, steer, block, flags, mode, *vocab = request.param
+    target, drafter = pair(arch, dtype, MIXED[arch] if steer else None, draft_vocab=(vocab or [0])[0])
     key = (target, dtype)
     if key not in _refs:
         with launch(target, None, dtype, name=f"plain-{arch}-{dtype}") as plain:

@@ -136,6 +136,31 @@ def test_tiny_overfit_and_export_round_trip(tmp_path):
     for k, v in loaded.state_dict().items():
         assert torch.equal(v, best["model"][k].to(torch.bfloat16)), k
     assert mask == cfg["dflash_config"]["mask_token_id"]
-    assert abs(res["tau_export"] - res["tau_train"]) < 0.35, res
+    assert abs(res["walk_tau_128"] - res["tau_train"]) < 0.35, res  # both walk the held-out answers
     assert 1.0 <= res["walk_tau"] <= 4.0 and 1.0 <= res["walk_tau_128"] <= 4.0, res
     assert "Reproduce" in (tmp_path / "drafter" / "README.md").read_text()
+
+
+def test_tiny_reduced_vocab_training_and_export(tmp_path):
+    """draft_vocab N: the softmax covers the N most frequent labels, the export carries d2t (int64)
+    and the reloaded drafter maps its argmax back to target ids (walk tau as good as at training)."""
+    torch.set_num_threads(1)
+    target = str(tiny_model_cache("llama", "float32"))
+    wd = _tiny_workdir(tmp_path)
+    features.run(wd, target, num_context_layers=1, shard_size=5, dtype=torch.float32)
+    out = trainer.run(
+        wd, target, num_layers=1, block_size=4, steps=200, lr=1e-2, anchors=8, seqs=4,
+        ckpt_minutes=100, resume=False, eval_anchors=40, command="test", draft_vocab=16,
+    )  # fmt: skip
+    assert out["best_tau"] > 1.5, out
+    res = export.run(wd, target, str(tmp_path / "drafter"), command="test", eval_anchors=40)
+    with open(tmp_path / "drafter" / "config.json") as f:
+        assert json.load(f)["draft_vocab_size"] == 16
+    saved = load_file(str(tmp_path / "drafter" / "model.safetensors"))
+    assert saved["d2t"].dtype == torch.int64 and saved["d2t"].shape == (16,)
+    kept = (saved["d2t"] + torch.arange(16)).tolist()
+    assert set(kept) <= set(range(10, 30)) | {2}  # the most frequent labels of the answers
+    loaded, _, _ = export.load_exported(str(tmp_path / "drafter"), target)
+    assert torch.equal(loaded.d2t, saved["d2t"])
+    assert abs(res["walk_tau_128"] - res["tau_train"]) < 0.35 and res["walk_tau_128"] > 1.5, res
+    assert os.path.exists(tmp_path / "drafter" / "learning_curve.png")

@@ -52,6 +52,7 @@ class DrafterConfig:
     # [num_layers]: layer i's sliding window W (its queries at p see context keys in (p - W, p]), None: full
     layer_windows: list[Optional[int]] = field(default_factory=list)
     dflash2: Optional["DFlash2Config"] = None
+    draft_vocab_size: Optional[int] = None  # reduced draft vocabulary (draft_vocab.py); None: the target's
 
     @property
     def num_context_layers(self) -> int:
@@ -265,6 +266,7 @@ def parse_drafter_config(cfg: dict, target_num_layers: int) -> DrafterConfig:
         target_layer_ids=list(ids),
         layer_windows=parse_layer_windows(cfg, num_layers),
         dflash2=parse_dflash2(cfg, hidden),
+        draft_vocab_size=_need_int(cfg, "draft_vocab_size") if cfg.get("draft_vocab_size") is not None else None,
     )
 
 
@@ -284,9 +286,12 @@ def check_against_target(cfg: DrafterConfig, *, hidden_size: int, vocab_size: in
         raise DrafterConfigError(
             f"drafter vocab_size={cfg.vocab_size} differs from the target's vocab_size={vocab_size}"
         )
-    if cfg.dflash2 is not None and cfg.dflash2.selector_top_k > vocab_size:
+    scored = cfg.draft_vocab_size or vocab_size  # tokens the drafter scores
+    if scored > vocab_size:
+        raise DrafterConfigError(f"drafter draft_vocab_size={scored} exceeds the target's vocab_size={vocab_size}")
+    if cfg.dflash2 is not None and cfg.dflash2.selector_top_k > scored:
         raise DrafterConfigError(
-            f"dflash_config.selector_top_k={cfg.dflash2.selector_top_k} exceeds the target vocabulary ({vocab_size})"
+            f"dflash_config.selector_top_k={cfg.dflash2.selector_top_k} exceeds the drafter's vocabulary ({scored})"
         )
     if cfg.mask_token_id is not None and not 0 <= cfg.mask_token_id < vocab_size:
         raise DrafterConfigError(

@@ -124,6 +124,14 @@ class DFlashDrafter(nn.Module):
                 d2.final_logit_softcapping,
             )
 
+        if cfg.draft_vocab_size:  # reduced draft vocabulary: draft index i is target token i + d2t[i]
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+
+    def to_target(self, idx: torch.Tensor) -> torch.Tensor:
+        """Indices into the drafter's vocabulary -> target token ids (identity without d2t)."""
+        d2t = getattr(self, "d2t", None)
+        return idx if d2t is None else idx + d2t[idx]
+
     @property
     def selector(self) -> CandidateSelector | None:
         return getattr(self, "candidate_selector", None)

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from sglang_dflash.model.config import DrafterConfig, DrafterConfigError
+from sglang_dflash.model.draft_vocab import check_d2t
 from sglang_dflash.model.drafter import DFlashDrafter
 
 # Prefixes some exporters put in front of the z-lab names.
@@ -33,7 +34,10 @@ def load_drafter(path: str, cfg: DrafterConfig, dtype: torch.dtype, device: str)
     state = read_state_dict(path)
     with torch.device("meta"):
         model = DFlashDrafter(cfg)
-    expected = dict(model.named_parameters())
+    expected = dict(model.named_parameters()) | dict(model.named_buffers())
+    state.pop("t2d", None)  # EAGLE-3 exports store it beside d2t; it follows from d2t
+    if cfg.draft_vocab_size and "d2t" in state:
+        check_d2t(state["d2t"], cfg.draft_vocab_size, cfg.vocab_size, path)
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))
     if missing:
@@ -51,5 +55,5 @@ def load_drafter(path: str, cfg: DrafterConfig, dtype: torch.dtype, device: str)
                 f"{tuple(param.shape)}; config.json and the weights disagree"
             )
     model = model.to_empty(device=device)
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()})
+    model.load_state_dict({k: v if k == "d2t" else v.to(dtype) for k, v in state.items()})
     return model.to(dtype).eval().requires_grad_(False)

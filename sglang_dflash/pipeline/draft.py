@@ -49,7 +49,8 @@ def propose(
     sampled_slots: int = 0,
 ) -> Proposal:
     """block_ids, positions [bs, B]; attend: non-causal attention over context + block per request.
-    embed: token ids [N] -> [N, H] (the target's); logits_fn: [N, H] -> [N, V] (the target's LM head).
+    embed: token ids [N] -> [N, H] (the target's); logits_fn: [N, H] -> [N, V] (the target's LM head;
+    [N, draft_vocab_size] for a drafter with a reduced vocabulary, whose indices drafter.to_target maps).
     temperatures [bs] (> 0: that row's path is sampled, with its q kept for rejection; <= 0: the
     best path, a point mass) and gumbel [bs, B-1, K] noise: sampled DFlash 2 paths.
     width: the step verifies only the first W rows: the block is drafted whole (the drafter's trained
@@ -66,10 +67,11 @@ def propose(
     out = block_ids[:, :keep].clone()
     if selector is None:
         if sampled_slots and temperatures is not None and bool((temperatures > 0).any()):
-            return sample_drafts(out, logits, temperatures, sampled_slots, gumbel)
-        out[:, 1:] = logits.argmax(dim=-1)
+            return sample_drafts(out, logits, temperatures, sampled_slots, gumbel, drafter.to_target)
+        out[:, 1:] = drafter.to_target(logits.argmax(dim=-1))
         return Proposal(out)
     values, cand = selector.candidates(logits)  # [bs, B-1, K]
+    cand = drafter.to_target(cand)
     edges = selector.edges(block_ids[:, 0], cand, values, slots)  # [bs, B-1, K, K]
     idx, q, rows = best_path(edges), None, None
     if temperatures is not None and bool((temperatures > 0).any()):
@@ -83,18 +85,20 @@ def propose(
 DRAFT_TOP_K = 32  # a sampled DFlash 1 draft is drawn from the drafter's q over its top 32 tokens
 
 
-def sample_drafts(out, logits, temperatures, n_sampled: int, gumbel) -> Proposal:
+def sample_drafts(out, logits, temperatures, n_sampled: int, gumbel, to_target=lambda i: i) -> Proposal:
     """DFlash 1 drafts for sampled rows: slot j < n_sampled is drawn from q_j = softmax(top-K
     drafter logits / T) (renormalized over the top K: any proposal distribution keeps rejection
     sampling exact, as long as verify uses the same q); later slots are the argmax with a one-hot q
     (rejection against a point mass is sample-and-match). Rows with T <= 0 get argmax drafts and are
     not verified by rejection (q_rows False).
-    out [bs, P+1] (column 0 the anchor); logits [bs, P, V]; temperatures [bs]; gumbel [bs, >=P, K]."""
+    out [bs, P+1] (column 0 the anchor); logits [bs, P, V]; temperatures [bs]; gumbel [bs, >=P, K];
+    to_target maps logit indices to target ids (a reduced draft vocabulary)."""
     bs, p, _ = logits.shape
-    vals, cand = logits.float().topk(DRAFT_TOP_K, dim=-1)  # [bs, P, K], descending
+    vals, cand = logits.float().topk(min(DRAFT_TOP_K, logits.shape[-1]), dim=-1)  # [bs, P, K], descending
+    cand = to_target(cand)
     rows = temperatures > 0
     q = torch.softmax(vals / temperatures.clamp_min(1e-6).float()[:, None, None], dim=-1)
-    idx = (q.log() + gumbel[:, :p]).argmax(dim=-1)  # Gumbel-max: a draw from q
+    idx = (q.log() + gumbel[:, :p, : q.shape[-1]]).argmax(dim=-1)  # Gumbel-max: a draw from q
     point = torch.zeros_like(q)
     point[..., 0] = 1.0  # the argmax, as a point mass
     slot_sampled = (torch.arange(p, device=logits.device) < n_sampled)[None, :] & rows[:, None]  # [bs, P]

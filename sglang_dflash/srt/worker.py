@@ -16,8 +16,7 @@ import torch
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.distributed import tensor_model_parallel_all_gather
-from sglang.srt.runtime_context import get_parallel, get_spec
+from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
@@ -31,6 +30,7 @@ from sglang_dflash.pipeline.context_kv import DraftKVCache
 from sglang_dflash import env
 from sglang_dflash.srt import metrics as dflash_metrics
 from sglang_dflash.srt.metrics import StageClock
+from sglang_dflash.srt.draft_head import DraftHead
 from sglang_dflash.srt.step_profile import make_controller
 from sglang_dflash.srt.verify_backend import verify_forward
 from sglang_dflash.srt.seeded_prefill import PreSampleLogits, reseed_first_tokens
@@ -71,6 +71,7 @@ class DFlashWorker(BaseSpecWorker):
         )
         check_capture_layers(runner.model, self.cfg)
         self.drafter = load_drafter(path, self.cfg, runner.dtype, str(self.device))
+        self.draft_head = DraftHead(runner.model.lm_head, self.drafter, self.vocab_size)
         self.draft_kv = None
         self.device_type = torch.device(self.device).type
         self.metrics = dflash_metrics.create(self.block_size)
@@ -188,7 +189,7 @@ class DFlashWorker(BaseSpecWorker):
         temps, noise, from_q = draft_sampling(sampling, k, self.block_size, PROPOSAL, block_ids.device)
         embed = self.model_runner.model.model.embed_tokens
         return propose(
-            self.drafter, attend, embed, self._lm_head_logits, block_ids, positions, temps, noise, width, from_q
+            self.drafter, attend, embed, self.draft_head, block_ids, positions, temps, noise, width, from_q
         ).first(width or self.block_size)
 
     def _safe_draft(self, batch, prefix, slots, block_ids, positions, sampling, width) -> Proposal:
@@ -212,14 +213,6 @@ class DFlashWorker(BaseSpecWorker):
                 self.draft_failures,
             )
             return Proposal(block_ids[:, :width])
-
-    def _lm_head_logits(self, hidden):
-        """hidden [N, H] -> [N, vocab] with the target's (vocab-parallel) LM head."""
-        head = self.model_runner.model.lm_head
-        logits = hidden.to(head.weight.dtype) @ head.weight.t()
-        if get_parallel().tp_size > 1:
-            logits = tensor_model_parallel_all_gather(logits.contiguous(), dim=-1)
-        return logits[:, : self.vocab_size]
 
     def _decode(self, batch, on_publish):
         B = self.block_size

@@ -17,15 +17,24 @@ MIXED = {"llama": 230.0, "qwen3": 230.0}
 FORCED = 2000.0
 
 
-def pair(kind: str, dtype: str, strength: float | None, block: int = 16, layers: int = 2) -> tuple[str, str]:
-    """(target, drafter) paths. strength None -> the unmodified random target and a random drafter."""
+def pair(
+    kind: str, dtype: str, strength: float | None, block: int = 16, layers: int = 2, draft_vocab: int = 0
+) -> tuple[str, str]:
+    """(target, drafter) paths. strength None -> the unmodified random target and a random drafter.
+    draft_vocab N > 0: the drafter scores a reduced vocabulary of N tokens (d2t)."""
     base = str(tiny_model_cache(kind, dtype))
 
     def build(tmp: str) -> None:
         target = base if strength is None else steer_target(base, os.path.join(tmp, "target"), strength)
         make_tiny_drafter(
-            os.path.join(tmp, "drafter"), target, block_size=block, num_layers=layers, steer=strength is not None
+            os.path.join(tmp, "drafter"),
+            target,
+            block_size=block,
+            num_layers=layers,
+            steer=strength is not None,
+            draft_vocab=draft_vocab,
         )
 
-    d = build_once(os.path.join(ROOT, f"pair-{kind}-{dtype}-{strength}-b{block}-l{layers}-v2"), build)
+    vocab = f"-dv{draft_vocab}" if draft_vocab else ""
+    d = build_once(os.path.join(ROOT, f"pair-{kind}-{dtype}-{strength}-b{block}-l{layers}{vocab}-v2"), build)
     return base if strength is None else os.path.join(d, "target"), os.path.join(d, "drafter")

@@ -36,9 +36,12 @@ def make_tiny_drafter(
     steer: bool = False,
     extra_config: dict | None = None,
     dflash2: dict | None = None,
+    draft_vocab: int = 0,
 ) -> str:
     """dflash2: e.g. {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8,
-    "selector_top_k": 4} makes a DFlash 2 checkpoint (convolutions + candidate selector)."""
+    "selector_top_k": 4} makes a DFlash 2 checkpoint (convolutions + candidate selector).
+    draft_vocab N > 0: a reduced draft vocabulary of N random target ids (STEER_TOKEN among them),
+    as config draft_vocab_size + weight d2t (model/draft_vocab.py)."""
     with open(os.path.join(target_path, "config.json")) as f:
         t = json.load(f)
     h, heads, kv = t["hidden_size"], t["num_attention_heads"], t["num_key_value_heads"]
@@ -99,6 +102,11 @@ def make_tiny_drafter(
             w[p + "mlp.down_proj.weight"][STEER_CHANNEL] = 0
     if dflash2:
         w.update(_dflash2_weights(dflash2, h, vocab, num_layers, rnd))
+    if draft_vocab:
+        others = torch.randperm(vocab, generator=g)
+        keep = torch.cat([torch.tensor([STEER_TOKEN]), others[others != STEER_TOKEN][: draft_vocab - 1]]).sort().values
+        cfg["draft_vocab_size"] = draft_vocab
+        w["d2t"] = keep - torch.arange(draft_vocab)
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)

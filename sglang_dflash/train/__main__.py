@@ -1,11 +1,13 @@
 """Train our own DFlash drafter for the embedded SmolLM2 target, each stage resumable.
 
 python -m sglang_dflash.train all --workdir /work/train_run --deadline 14:40
-python -m sglang_dflash.train {datagen,features,train,export} --workdir W [...]
+python -m sglang_dflash.train {corpus,datagen,features,train,export} --workdir W [...]
 
---deadline HH:MM (UTC, today) bounds the whole run: datagen stops early enough to leave time for
-features and training, training stops at the deadline minus the export margin, and the best
-checkpoint (by held-out tau) is exported.
+Stages: corpus (text documents from this machine, corpus.py), datagen (the target's greedy answers to
+generated prompts), features (target features + labels, one prefill per sequence), train, export.
+--deadline HH:MM (UTC, today) bounds the whole run: datagen and features stop after their budgets
+(and early enough to leave --min-train-minutes of training), training stops at the deadline minus
+the export margin, and the best checkpoint (by held-out walk tau) is exported.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import datetime as dt
 import os
 import shlex
+import subprocess
 import sys
 import time
 
@@ -33,7 +36,7 @@ def parse_deadline(s: str | None) -> float | None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("stage", choices=["all", "datagen", "features", "train", "export"])
+    ap.add_argument("stage", choices=["all", "corpus", "datagen", "features", "train", "export"])
     ap.add_argument("--workdir", default="/work/train_run")
     ap.add_argument("--model", default=None, help="target HF folder (default: the embedded SmolLM2)")
     ap.add_argument("--deadline", default=None, help="HH:MM UTC today; every stage respects it")
@@ -52,15 +55,19 @@ def main(argv=None):
     ap.add_argument("--negatives", type=int, default=8192, help="sampled out-of-answer-vocab negatives per step")
     ap.add_argument("--gamma", type=float, default=4.0, help="loss weight of block position k: exp(-(k-1)/gamma)")
     ap.add_argument("--ckpt-minutes", type=float, default=3.0)
+    ap.add_argument("--features-minutes", type=float, default=30.0, help="features stop after this")
+    ap.add_argument("--min-train-minutes", type=float, default=60.0, help="datagen/features leave this")
+    ap.add_argument("--text-answer-tokens", type=int, default=320, help="corpus documents' assistant cut")
+    ap.add_argument("--no-text", action="store_true", help="answers only (no corpus documents)")
+    ap.add_argument("--draft-vocab", type=int, default=0, help="reduced draft vocabulary size (0: full)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads for features and training")
     ap.add_argument("--export-margin-minutes", type=float, default=4.0)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--out", default=DRAFTER_DIR, help="export folder")
     a = ap.parse_args(argv)
     import torch
 
-    from sglang_dflash.cpu_serving import CPU_ENV
-
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", CPU_ENV["OMP_NUM_THREADS"])))
+    torch.set_num_threads(a.threads)  # our own stages; SGLang's Engine (datagen) keeps its CPU settings
     if a.model is None:
         from sglang_dflash.embedded import derive
 
@@ -69,17 +76,36 @@ def main(argv=None):
     cmd = "python -m sglang_dflash.train " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
     print("reproduce:", cmd, file=sys.stderr, flush=True)
     os.makedirs(a.workdir, exist_ok=True)
-    if a.stage in ("all", "datagen"):
+    leave = deadline - (a.min_train_minutes + a.export_margin_minutes) * 60 if deadline else None
+    if a.stage in ("all", "corpus") and not a.no_text:
+        from sglang_dflash.train import corpus
+
+        corpus.write(a.workdir, a.model, a.text_answer_tokens, a.seed)
+    gen_stop = time.time() + a.datagen_minutes * 60
+    gen_stop = min(gen_stop, leave or gen_stop)
+    if a.stage == "datagen":
         from sglang_dflash.train import datagen
 
-        stop = time.time() + a.datagen_minutes * 60
-        if deadline:
-            stop = min(stop, deadline - 40 * 60)
-        datagen.run(a.workdir, a.model, a.n, a.seed, a.gen_batch, a.max_new_tokens, deadline=stop)
+        datagen.run(a.workdir, a.model, a.n, a.seed, a.gen_batch, a.max_new_tokens, deadline=gen_stop)
     if a.stage in ("all", "features"):
         from sglang_dflash.train import features
 
-        features.run(a.workdir, a.model, a.num_context_layers)
+        gen = None
+        if a.stage == "all":  # datagen (SGLang's Engine, one core) beside the features (the other core)
+            hhmm = time.strftime("%H:%M", time.gmtime(gen_stop + 60))
+            argv_gen = ["datagen", "--workdir", a.workdir, "--model", a.model, "--n", str(a.n), "--seed", str(a.seed)]
+            argv_gen += ["--gen-batch", str(a.gen_batch), "--max-new-tokens", str(a.max_new_tokens)]
+            argv_gen += ["--datagen-minutes", str((gen_stop - time.time()) / 60), "--deadline", hhmm]
+            argv_gen += ["--min-train-minutes", "0", "--export-margin-minutes", "0"]
+            gen = subprocess.Popen([sys.executable, "-m", "sglang_dflash.train", *argv_gen])
+            torch.set_num_threads(1)
+        stop = time.time() + a.features_minutes * 60
+        features.run(
+            a.workdir, a.model, a.num_context_layers, follow_pid=gen and gen.pid, deadline=min(stop, leave or stop)
+        )
+        if gen is not None:
+            gen.wait()
+            torch.set_num_threads(a.threads)
     if a.stage in ("all", "train"):
         from sglang_dflash.train import trainer
 
@@ -97,6 +123,7 @@ def main(argv=None):
             deadline=stop,
             negatives=a.negatives,
             gamma=a.gamma,
+            draft_vocab=a.draft_vocab,
             resume=a.resume or a.stage == "all",
             command=cmd,
         )

@@ -23,6 +23,7 @@ class Seq:
     tokens: torch.Tensor  # [T] int64, prompt + answer
     feats: torch.Tensor  # [T, K*H] target features (bf16)
     answer_start: int  # first answer position
+    labels: torch.Tensor | None = None  # [T] the target's greedy token after t (None: tokens[t + 1])
 
 
 def sample_anchors(seqs: list[Seq], n: int, block: int, g: torch.Generator, spread: bool = False):
@@ -46,13 +47,21 @@ def sample_anchors(seqs: list[Seq], n: int, block: int, g: torch.Generator, spre
 
 
 def block_inputs(seq: Seq, anchors: torch.Tensor, block: int, mask_token_id: int):
-    """anchors [A] -> block ids [A, B], positions [A, B], targets [A, B-1] (-100 past the end)."""
+    """anchors [A] -> block ids [A, B], positions [A, B], targets [A, B-1] (-100: no label).
+    Row j predicts the target's greedy token after position p+j-1; a label counts only while the
+    data tokens p+1..p+j-1 equal the target's own greedy chain, so it is the token serving would
+    verify after j-1 accepted drafts (always so for the target's answers; text documents stop
+    at the first token the target would not have written)."""
     T = seq.tokens.shape[0]
     pos = anchors[:, None] + torch.arange(block)[None, :]  # [A, B]
     ids = torch.full_like(pos, mask_token_id)
     ids[:, 0] = seq.tokens[anchors]
-    tpos = pos[:, 1:]
-    targets = torch.where(tpos < T, seq.tokens[tpos.clamp(max=T - 1)], torch.full_like(tpos, -100))
+    labels = seq.labels if seq.labels is not None else torch.cat([seq.tokens[1:], torch.tensor([-100])])  # [T]
+    on_chain = torch.cat([seq.tokens[1:] == labels[:-1], torch.tensor([False])])  # [T]: t+1 is greedy
+    lpos = pos[:, :-1].clamp(max=T - 1)  # [A, B-1] positions p+j-1 whose next token row j predicts
+    inside = pos[:, :-1] < T
+    chain = torch.cat([torch.ones_like(inside[:, :1]), on_chain[lpos[:, :-1]].cumprod(1).bool()], 1)  # [A, B-1]
+    targets = torch.where(inside & chain, labels[lpos], torch.full_like(lpos, -100))
     return ids, pos, targets
 
 
@@ -111,24 +120,30 @@ def eval_tau(
     eval_set,
     chunk: int = 8,
     autocast: bool = True,
+    vocab: torch.Tensor | None = None,
 ) -> float:
-    """Offline acceptance length: 1 + leading draft positions whose argmax (full vocab) equals the
-    data token (the data is the target's greedy output), averaged over anchors."""
+    """Offline acceptance length: 1 + leading draft positions whose argmax (full vocab, or over the
+    token ids `vocab` [N] of a reduced draft vocabulary) equals the label, averaged over anchors."""
     total, count = 0.0, 0
     for i in range(0, len(eval_set), chunk):
         part = eval_set[i : i + chunk]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             hidden, targets = block_hidden(drafter, embed, mask_token_id, block, part)
-        ok = _accepted(hidden, targets, embed)
+        ok = _accepted(hidden, targets, embed, vocab)
         total += float(ok.sum()) + ok.shape[0]
         count += ok.shape[0]
     return total / max(count, 1)
 
 
-def _accepted(hidden: torch.Tensor, targets: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
-    """hidden [n, B-1, H], targets [n, B-1] -> leading draft tokens equal to the targets [n]."""
+def _accepted(
+    hidden: torch.Tensor, targets: torch.Tensor, head: torch.Tensor, vocab: torch.Tensor | None = None
+) -> torch.Tensor:
+    """hidden [n, B-1, H], targets [n, B-1]; head [V, H]; vocab [N] the reduced draft vocabulary's
+    token ids (argmax over those rows only) -> leading draft tokens equal to the targets [n]."""
     n, k, h = hidden.shape
-    pred = (hidden.reshape(n * k, h).to(embed.dtype) @ embed.t()).argmax(-1).view(n, k)  # 2D: no bmm copy
+    w = head if vocab is None else head[vocab]
+    pred = (hidden.reshape(n * k, h).to(w.dtype) @ w.t()).argmax(-1)  # 2D: no bmm copy
+    pred = (pred if vocab is None else vocab[pred]).view(n, k)
     return (pred == targets).to(torch.int64).cumprod(-1).sum(-1)
 
 
@@ -143,6 +158,7 @@ def walk_counts(
     autocast: bool = True,
     head: torch.Tensor | None = None,
     widths: Sequence[int] | None = None,
+    vocab: torch.Tensor | None = None,
 ) -> list[tuple[int, int]]:
     """Walk each answer as greedy speculative decoding would (a block at the answer start, the next
     one after the accepted tokens + bonus) -> [(committed tokens, blocks)] per sequence (0, 0 when
@@ -157,7 +173,7 @@ def walk_counts(
             continue
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             hidden, targets = block_hidden(drafter, embed, mask_token_id, block, [(s, anchors)])
-        acc = _accepted(hidden, targets, embed if head is None else head).tolist()
+        acc = _accepted(hidden, targets, embed if head is None else head, vocab).tolist()
         p = s.answer_start
         tokens = blocks_n = 0
         while p < end - 1:
@@ -179,8 +195,9 @@ def walk_tau(
     seqs: list[Seq],
     max_answer: int | None = None,
     autocast: bool = True,
+    vocab: torch.Tensor | None = None,
 ) -> float:
     """Serving-equivalent tau: tokens / blocks over walk_counts. Lower than eval_tau, which weights
     every position equally and so over-counts easy stretches."""
-    counts = walk_counts(drafter, embed, mask_token_id, block, seqs, max_answer, autocast)
+    counts = walk_counts(drafter, embed, mask_token_id, block, seqs, max_answer, autocast, vocab=vocab)
     return sum(t for t, _ in counts) / max(sum(b for _, b in counts), 1)

@@ -1,9 +1,13 @@
 """Stage 2: target hidden states at the drafter's target_layer_ids, stored as bf16 shards.
 
-Reads W/data.jsonl, runs the target (HF transformers, `output_hidden_states=True`) over prompt +
-answer one sequence at a time (no padding), and writes W/features/shard_NNNNN.pt:
+Reads W/data.jsonl (the target's answers) and W/text.jsonl (corpus.py: real text), runs the target
+(HF transformers, `output_hidden_states=True`) over prompt + answer one sequence at a time (no
+padding), and writes W/features/shard_NNNNN.pt:
 {"ids": [str], "split": [str], "offsets": int64 [n+1], "answer_start": int64 [n],
- "tokens": int64 [sum T], "feats": bf16 [sum T, K*H]} (rows of sequence i: offsets[i]:offsets[i+1]).
+ "tokens": int64 [sum T], "feats": bf16 [sum T, K*H], "labels": int64 [sum T]} (rows of sequence i:
+offsets[i]:offsets[i+1]). labels[t] is the target's greedy token after position t: the next token
+for datagen's answers (they are the target's greedy output), the argmax of the same forward's
+logits over a text document's answer part (-100 where there is none).
 The layer-id convention comes from sglang_dflash.model.config only. Resumable: ids already in a shard are
 skipped; with follow_pid it keeps polling data.jsonl while that (datagen) process is alive.
 """
@@ -33,14 +37,22 @@ def load_target(model: str, dtype=torch.bfloat16, keep_layers: int | None = None
 
 
 @torch.inference_mode()
-def sequence_features(target, tokens: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
-    """tokens [T] -> features [T, K*H]: the outputs of decoder layers `layer_ids` (z-lab ids),
-    concatenated in the order given (the order fc expects)."""
+def sequence_features(
+    target, tokens: torch.Tensor, layer_ids: list[int], label_from: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens [T] -> features [T, K*H] (the outputs of decoder layers `layer_ids`, z-lab ids,
+    concatenated in the order given: the order fc expects) and labels [T]: the next token, or with
+    label_from the target's argmax at positions >= label_from (-100 before), from the same forward."""
     hs = target.model(input_ids=tokens[None], output_hidden_states=True).hidden_states
     last = len(hs) - 1  # HF applies the final norm to this one: never use it as a feature
     idx = [hf_hidden_state_index(i) for i in layer_ids]
     assert max(idx) < last, f"layer ids {layer_ids} need more layers than the {last} kept"
-    return torch.cat([hs[i][0] for i in idx], dim=-1)
+    feats = torch.cat([hs[i][0] for i in idx], dim=-1)
+    labels = torch.cat([tokens[1:], torch.tensor([-100])])
+    if label_from is not None:
+        labels = torch.full_like(tokens, -100)
+        labels[label_from:] = target.lm_head(hs[last][0, label_from:]).argmax(-1)
+    return feats, labels
 
 
 def layer_ids_for(model: str, num_context_layers: int) -> list[int]:
@@ -55,12 +67,14 @@ def done_ids(fdir: str) -> set:
     return ids
 
 
-def read_new(path: str, done: set) -> list[dict]:
-    """datagen's complete rows not yet featurized (datagen may still be appending to the file)."""
-    return [rec for rec in read_rows(path) if rec["id"] not in done and rec["answer_ids"]]
+def read_new(workdir: str, done: set) -> list[dict]:
+    """Complete rows not yet featurized: datagen's answers (datagen may still be appending to its
+    file), then the text documents."""
+    rows = [r for name in ("data.jsonl", "text.jsonl") for r in read_rows(os.path.join(workdir, name))]
+    return [r for r in rows if r["id"] not in done and r["answer_ids"]]
 
 
-def write_shard(fdir: str, recs: list[dict], feats: list[torch.Tensor]) -> str:
+def write_shard(fdir: str, recs: list[dict], feats: list[torch.Tensor], labels: list[torch.Tensor]) -> str:
     n = len(glob.glob(os.path.join(fdir, "shard_*.pt")))
     lens = [f.shape[0] for f in feats]
     shard = {
@@ -70,6 +84,7 @@ def write_shard(fdir: str, recs: list[dict], feats: list[torch.Tensor]) -> str:
         "answer_start": torch.tensor([len(r["prompt_ids"]) for r in recs]),
         "tokens": torch.tensor([t for r in recs for t in r["prompt_ids"] + r["answer_ids"]]),
         "feats": torch.cat(feats).to(torch.bfloat16),
+        "labels": torch.cat(labels),
     }
     path = os.path.join(fdir, f"shard_{n:05d}.pt")
     torch.save(shard, path + ".tmp")
@@ -80,6 +95,11 @@ def write_shard(fdir: str, recs: list[dict], feats: list[torch.Tensor]) -> str:
 def alive(pid: int | None) -> bool:
     if not pid:
         return False
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our own child (train all's datagen) has exited
+            return False
+    except ChildProcessError:  # not our child: ask the kernel whether it exists
+        pass
     try:
         os.kill(pid, 0)
         return True
@@ -94,31 +114,42 @@ def run(
     shard_size: int = 128,
     follow_pid: int | None = None,
     dtype=torch.bfloat16,
+    deadline: float | None = None,
 ) -> dict:
+    """Featurize every new row; with a deadline (epoch s) stop starting shards after it."""
     fdir = os.path.join(workdir, "features")
     os.makedirs(fdir, exist_ok=True)
     ids = layer_ids_for(model, num_context_layers)
     meta = {"target_layer_ids": ids, "model": model, "dtype": str(dtype)}
     with open(os.path.join(fdir, "meta.json"), "w") as f:
         json.dump(meta, f)
-    target = load_target(model, dtype, keep_layers=max(ids) + 2)
+    target = load_target(model, dtype)  # every layer: text documents need the logits too
     done = done_ids(fdir)
     stats = {"sequences": 0, "tokens": 0, "wall_s": 0.0}
     t0 = time.time()
     while True:
         following = alive(follow_pid)  # read before the file so a finished datagen's tail is seen
-        new = read_new(os.path.join(workdir, "data.jsonl"), done)
+        new = read_new(workdir, done)
         if following and len(new) < shard_size:
             time.sleep(20)
             continue
-        if not new:
+        if not new or deadline and time.time() > deadline:
             break
         for i in range(0, len(new), shard_size):
             chunk = new[i : i + shard_size]
-            if following and len(chunk) < shard_size:
+            if following and len(chunk) < shard_size or deadline and time.time() > deadline:
                 break
-            feats = [sequence_features(target, torch.tensor(r["prompt_ids"] + r["answer_ids"]), ids) for r in chunk]
-            write_shard(fdir, chunk, feats)
+            out = [
+                sequence_features(
+                    target,
+                    torch.tensor(r["prompt_ids"] + r["answer_ids"]),
+                    ids,
+                    len(r["prompt_ids"]) if r.get("labels") == "argmax" else None,
+                )
+                for r in chunk
+            ]
+            feats = [f for f, _ in out]
+            write_shard(fdir, chunk, feats, [lab for _, lab in out])
             done.update(r["id"] for r in chunk)
             stats["sequences"] += len(chunk)
             stats["tokens"] += sum(f.shape[0] for f in feats)

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from sglang_dflash.model.config import parse_drafter_config
 from sglang_dflash.model.drafter import DFlashDrafter
-from sglang_dflash.train.blocks import Seq, block_hidden, eval_tau, sample_anchors
+from sglang_dflash.model.draft_vocab import coverage, d2t_from_ids, most_frequent
+from sglang_dflash.train.blocks import Seq, block_hidden, eval_tau, sample_anchors, walk_tau
 
 
 def drafter_config_dict(
@@ -86,8 +87,11 @@ def load_seqs(workdir: str) -> tuple[list[Seq], list[Seq]]:
     for f in sorted(glob.glob(os.path.join(workdir, "features", "shard_*.pt"))):
         s = torch.load(f)
         o = s["offsets"].tolist()
+        labels = s.get("labels")
         for i, sid in enumerate(s["ids"]):
-            seq = Seq(sid, s["tokens"][o[i] : o[i + 1]], s["feats"][o[i] : o[i + 1]], int(s["answer_start"][i]))
+            r = slice(o[i], o[i + 1])
+            lab = None if labels is None else labels[r]
+            seq = Seq(sid, s["tokens"][r], s["feats"][r], int(s["answer_start"][i]), lab)
             (held if s["split"][i] == "heldout" else train).append(seq)
     return train, held
 
@@ -120,6 +124,8 @@ def run(
     eval_anchors: int = 600,
     seed: int = 0,
     negatives: int = 8192,
+    draft_vocab: int = 0,
+    walk_seqs: int = 40,
 ) -> dict:
     """Train until `steps` or `deadline` (epoch s), checkpointing every ckpt_minutes (held-out tau each
     time; best.pt keeps the best). anchors per sequence x seqs sequences per step. On SmolLM2, moving
@@ -127,7 +133,11 @@ def run(
     300 steps (the three were changed together).
     negatives: tokens outside the answers' vocabulary added to the softmax each step (sampled
     anew every step; >= their count means the full vocabulary). Without them the drafter's argmax
-    over the full LM head lands on tokens it never saw pushed down."""
+    over the full LM head lands on tokens it never saw pushed down.
+    draft_vocab N > 0: a reduced draft vocabulary, the N most frequent labels of the training data
+    (model/draft_vocab.py); the softmax is over exactly those N (no negatives needed) and the
+    checkpoint carries d2t. Checkpoints are ranked by the serving-equivalent walk tau over the first
+    128 tokens of walk_seqs held-out answers; the per-anchor tau is logged beside it."""
     from tqdm import tqdm
 
     torch.manual_seed(seed)
@@ -135,18 +145,26 @@ def run(
         layer_ids = json.load(f)["target_layer_ids"]
     with open(os.path.join(model, "config.json")) as f:
         tcfg = json.load(f)
+    train, held = load_seqs(workdir)
+    train = [s for s in train if s.tokens.shape[0] - s.answer_start >= 2]
+    counts = torch.bincount(torch.cat([_labels(s) for s in train]), minlength=tcfg["vocab_size"])
     cdict = drafter_config_dict(tcfg, num_layers, block_size, layer_ids, mask_token_id_for(model))
+    dv = most_frequent(counts, draft_vocab) if draft_vocab else None  # [N] token ids the drafter scores
+    if dv is not None:
+        cdict["draft_vocab_size"] = draft_vocab
     cfg = parse_drafter_config(cdict, tcfg["num_hidden_layers"])
     drafter = DFlashDrafter(cfg)
+    if dv is not None:
+        drafter.d2t.copy_(d2t_from_ids(dv))
     for name, p in drafter.named_parameters():
         if p.dim() > 1:
             torch.nn.init.normal_(p, std=0.02)
     with torch.no_grad():  # the LM head expects hidden states scaled like the target's final norm output
         drafter.norm.weight.copy_(load_target_tensor(model, ("model.norm.weight",)).float())
     embed = load_embedding(model)  # [V, H] bf16, frozen
-    train, held = load_seqs(workdir)
-    train = [s for s in train if s.tokens.shape[0] - s.answer_start >= 2]
-    vocab = torch.unique(torch.cat([s.tokens[s.answer_start :] for s in train]))  # trained vocab subset
+    vocab = dv if dv is not None else (counts > 0).nonzero().squeeze(1)  # token ids the softmax covers
+    if dv is not None:
+        negatives = 0
     comp = torch.ones(embed.shape[0], dtype=torch.bool)
     comp[vocab] = False
     comp = comp.nonzero().squeeze(1)  # tokens never in a train answer: sampled as extra negatives
@@ -173,17 +191,20 @@ def run(
         f"reproduce: {command}\ntrainer: {len(train)} train / {len(held)} held-out seqs, "
         f"{sum(s.tokens.shape[0] - s.answer_start for s in train)} train answer tokens, vocab subset "
         f"{vocab.numel()} + {min(negatives, comp.numel())} sampled negatives, drafter {n_params:.2f}M params, "
-        f"target_layer_ids {layer_ids}, mask {cdict['dflash_config']['mask_token_id']}",
+        f"target_layer_ids {layer_ids}, mask {cdict['dflash_config']['mask_token_id']}, "
+        f"label coverage of the vocabulary {coverage(counts, vocab):.4f}",
         file=sys.stderr,
         flush=True,
     )
 
     def checkpoint():
         drafter.eval()
-        tau = eval_tau(drafter, embed, cfg.mask_token_id, block_size, eval_set)
+        anchor_tau = eval_tau(drafter, embed, cfg.mask_token_id, block_size, eval_set, vocab=dv)
+        tau = walk_tau(drafter, embed, cfg.mask_token_id, block_size, held[:walk_seqs], 128, vocab=dv)
         drafter.train()
-        st["history"].append({"step": st["step"], "train_s": round(st["train_s"], 1), "tau": tau})
-        print(f"trainer: step {st['step']} held-out tau {tau:.3f}", file=sys.stderr, flush=True)
+        row = {"step": st["step"], "train_s": round(st["train_s"], 1), "tokens": st.get("tokens", 0)}
+        st["history"].append({**row, "tau": tau, "anchor_tau": anchor_tau})
+        print(f"trainer: step {st['step']} held-out walk tau {tau:.3f} (per anchor {anchor_tau:.3f})", file=sys.stderr)
         sd = {k: v.detach().clone() for k, v in drafter.state_dict().items()}
         if tau > st["best_tau"]:
             st["best_tau"] = tau
@@ -219,6 +240,7 @@ def run(
         st["step"] += 1
         st["train_s"] += time.time() - ts
         tokens += int((tgt >= 0).sum())
+        st["tokens"] = st.get("tokens", 0) + int((tgt >= 0).sum())
         losses.append(loss.item())
         bar.update(1)
         acc = (logits[:, 0].argmax(-1) == tgt[:, 0]).float().mean()
@@ -247,6 +269,10 @@ def run(
                 "train_seqs": len(train),
                 "heldout_seqs": len(held),
                 "gamma": gamma,
+                "draft_vocab": draft_vocab,
+                "walk_seqs": min(walk_seqs, len(held)),
+                "label_coverage": coverage(counts, vocab),
+                "threads": torch.get_num_threads(),
                 "lr": lr,
                 "command": command,
                 "history": st["history"],
@@ -256,3 +282,9 @@ def run(
         )
     print("trainer:", json.dumps(out), file=sys.stderr)
     return out
+
+
+def _labels(s: Seq) -> torch.Tensor:
+    """The labels a sequence trains on (answer part): the target's greedy next tokens."""
+    lab = s.tokens[s.answer_start + 1 :] if s.labels is None else s.labels[s.answer_start :]
+    return lab[lab >= 0]

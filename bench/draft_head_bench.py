@@ -1,0 +1,104 @@
+"""CPU timing of the draft stage (draft.propose: the drafter's block forward + the LM head over the
+block's proposal slots) for the shipped drafter, with the full 49,152-token head and with reduced
+draft vocabularies (model/draft_vocab.py), at batch 1 / 4 / 16, one thread, bf16.
+
+    OMP_NUM_THREADS=1 SGLANG_USE_CPU_ENGINE=1 python bench/draft_head_bench.py [--vocab 0 16384 8192 4096]
+
+Arms alternate within each repeat (drift hits all alike); a row reports the median over repeats.
+Writes bench/results/draft_head.jsonl (rows of this commit replaced).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import provenance  # noqa: E402
+
+from sglang_dflash.embedded import derive  # noqa: E402
+from sglang_dflash.model.config import load_drafter_config  # noqa: E402
+from sglang_dflash.model.draft_vocab import d2t_from_ids  # noqa: E402
+from sglang_dflash.model.loader import load_drafter  # noqa: E402
+from sglang_dflash.pipeline.attention import TorchBlockAttention  # noqa: E402
+from sglang_dflash.pipeline.context_kv import DraftKVCache  # noqa: E402
+from sglang_dflash.pipeline.draft import propose  # noqa: E402
+from sglang_dflash.train.__main__ import DRAFTER_DIR  # noqa: E402
+from sglang_dflash.train.trainer import load_target_tensor  # noqa: E402
+
+OUT = os.path.join(os.path.dirname(__file__), "results", "draft_head.jsonl")
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+@torch.inference_mode()
+def setup(bs: int, ctx: int, vocab: int):
+    cfg = load_drafter_config(DRAFTER_DIR, 30)
+    drafter = load_drafter(DRAFTER_DIR, cfg, torch.bfloat16, "cpu")
+    head = load_target_tensor(derive())  # [V, H] bf16, the tied LM head
+    if vocab:  # any N ids time the same: the cut is a smaller matmul
+        drafter.register_buffer("d2t", d2t_from_ids(torch.arange(vocab)))
+        head = head[:vocab].contiguous()
+    B = cfg.block_size
+    cache = DraftKVCache(cfg.num_layers, bs * (ctx + B), cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, "cpu")
+    cache.k.normal_()
+    cache.v.normal_()
+    slots = torch.arange(bs * (ctx + B)).view(bs, ctx + B)
+    attend = TorchBlockAttention(cache.k, cache.v, list(slots), slots[:, ctx:].reshape(-1), cfg.head_dim**-0.5)
+    embed = load_target_tensor(derive(), ("model.embed_tokens.weight", "lm_head.weight"))
+    block = torch.full((bs, B), 16)
+    pos = torch.arange(ctx, ctx + B).repeat(bs, 1)
+    logits = lambda h: h @ head.t()  # noqa: E731
+    run = lambda: propose(drafter, attend, lambda t: embed[t], logits, block, pos)  # noqa: E731
+    rows = torch.randn(bs * (B - 1), cfg.hidden_size, dtype=torch.bfloat16)
+    return run, lambda: logits(rows)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--vocab", type=int, nargs="+", default=[0, 16384, 8192, 4096])
+    ap.add_argument("--bs", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--ctx", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=15)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    prov = provenance.stamp()
+    rows = []
+    for bs in a.bs:
+        arms = {v: setup(bs, a.ctx, v) for v in a.vocab}
+        times = {v: ([], []) for v in a.vocab}
+        for _ in range(3):
+            for run, head in arms.values():
+                run(), head()
+        for _ in range(a.repeats):
+            for v, (run, head) in arms.items():
+                times[v][0].append(timed(run))
+                times[v][1].append(timed(head))
+        full = statistics.median(times[a.vocab[0]][0])
+        for v in a.vocab:
+            draft, head = statistics.median(times[v][0]), statistics.median(times[v][1])
+            row = {"bs": bs, "ctx": a.ctx, "draft_vocab": v or 49152, "draft_ms": round(draft, 2)}
+            row.update(head_ms=round(head, 2), vs_first=round(draft / full, 3), **prov)
+            rows.append(row)
+            print(json.dumps({k: row[k] for k in ("bs", "draft_vocab", "draft_ms", "head_ms", "vs_first")}))
+    kept = []
+    if os.path.exists(OUT):
+        with open(OUT) as f:
+            kept = [r for r in map(json.loads, f) if r.get("commit") != prov.get("commit")]
+    with open(OUT, "w") as f:
+        for r in kept + rows:
+            f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Chat documents built from text installed on this machine, labelled by the target in ONE prefill.
+
+Sources (no public benchmark set, nothing downloaded):
+- code: functions of the Python standard library with a docstring; the user asks to implement the
+  signature + docstring, the assistant turn is the real source.
+- prose: Python module docstrings and the README / markdown files under /usr/share/doc; the user
+  asks to continue the opening lines, the assistant turn is what follows.
+The assistant turn is real text, not the target's answer, so features.py labels every position
+with the target's argmax there (one prefill per document instead of one decode per token), and
+blocks.py keeps a block position's label only while the text up to it equals the target's own
+argmax chain (then the label is exactly the target's greedy continuation).
+Every document is in the train split: the held-out split stays the generated prompts' answers.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import gzip
+import hashlib
+import os
+import random
+import sysconfig
+
+DOC_ROOT = "/usr/share/doc"
+
+
+def _stdlib_files() -> list[str]:
+    lib = sysconfig.get_paths()["stdlib"]
+    files = glob.glob(os.path.join(lib, "*.py")) + glob.glob(os.path.join(lib, "*", "*.py"))
+    skip = ("test", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo")
+    return sorted(f for f in files if not any(f"/{s}" in f[len(lib) :] for s in skip))
+
+
+def code_docs() -> list[tuple[str, str]]:
+    """(user, assistant): implement a stdlib function from its signature and docstring."""
+    out = []
+    for path in _stdlib_files():
+        try:
+            src = open(path, encoding="utf-8").read()
+            tree = ast.parse(src)
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        lines = src.splitlines()
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            doc = ast.get_docstring(node)
+            n = node.end_lineno - node.lineno + 1
+            if not doc or not 4 <= n <= 60 or len(doc) < 20:
+                continue
+            body = "\n".join(lines[node.lineno - 1 : node.end_lineno])
+            indent = len(body) - len(body.lstrip())
+            body = "\n".join(line[indent:] for line in body.splitlines())
+            sig = body.split(":\n", 1)[0] + ":"
+            first = doc.strip().split("\n\n")[0]
+            user = f'Implement this Python function:\n```python\n{sig}\n    """{first}"""\n```'
+            out.append((user, f"```python\n{body}\n```"))
+    return out
+
+
+def _doc_texts() -> list[str]:
+    texts = []
+    pats = ("README*", "*.md", "*.md.gz", "*.txt")
+    paths = sorted({p for pat in pats for p in glob.glob(os.path.join(DOC_ROOT, "*", pat))})
+    for p in paths:
+        try:
+            raw = gzip.open(p).read() if p.endswith(".gz") else open(p, "rb").read()
+            texts.append(raw.decode("utf-8"))
+        except (OSError, UnicodeDecodeError, EOFError):
+            continue
+    for path in _stdlib_files():
+        try:
+            doc = ast.get_docstring(ast.parse(open(path, encoding="utf-8").read()))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        if doc:
+            texts.append(doc)
+    return texts
+
+
+def prose_docs(chunk_chars: int = 1400) -> list[tuple[str, str]]:
+    """(user, assistant): continue a text from its opening lines; long texts give several chunks."""
+    out = []
+    for text in _doc_texts():
+        paras = [p.strip() for p in text.split("\n\n") if len(p.strip()) > 40]
+        i = 0
+        while i + 1 < len(paras):
+            head, body = paras[i], []
+            i += 1
+            while i < len(paras) and sum(map(len, body)) < chunk_chars:
+                body.append(paras[i])
+                i += 1
+            if sum(map(len, body)) >= 200:
+                out.append((f"Continue this text:\n\n{head[:600]}", "\n\n".join(body)))
+    return out
+
+
+def documents(seed: int = 0) -> list[dict]:
+    """Every document, in a fixed shuffled order: {"id", "family", "messages"}."""
+    docs = [("code", u, a) for u, a in code_docs()] + [("prose", u, a) for u, a in prose_docs()]
+    seen, out = set(), []
+    for fam, user, ans in docs:
+        h = hashlib.sha1((user + ans).encode()).hexdigest()[:16]
+        if h in seen:  # the same README ships in several packages
+            continue
+        seen.add(h)
+        msgs = [{"role": "user", "content": user}, {"role": "assistant", "content": ans}]
+        out.append({"id": f"text-{h}", "family": f"text-{fam}", "split": "train", "messages": msgs})
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def write(workdir: str, model: str, max_answer_tokens: int = 320, seed: int = 0) -> dict:
+    """W/text.jsonl: the documents tokenized like datagen's rows ({"id", "family", "split",
+    "prompt_ids", "answer_ids", "labels": "argmax"}), the answer cut at max_answer_tokens."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from sglang_dflash.resumable_jsonl import append_rows, done_ids
+
+    path = os.path.join(workdir, "text.jsonl")
+    done = done_ids(path)
+    tok = AutoTokenizer.from_pretrained(model)
+    stats = {"documents": 0, "answer_tokens": 0}
+    with append_rows(path) as put:
+        for d in documents(seed):
+            if d["id"] in done:
+                continue
+            ids = tok.apply_chat_template(d["messages"][:1], tokenize=True, add_generation_prompt=True)
+            ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
+            ans = tok(d["messages"][1]["content"], add_special_tokens=False)["input_ids"][:max_answer_tokens]
+            put(
+                {
+                    **{k: d[k] for k in ("id", "family", "split")},
+                    "prompt_ids": ids,
+                    "answer_ids": ans,
+                    "labels": "argmax",
+                }
+            )
+            stats["documents"] += 1
+            stats["answer_tokens"] += len(ans)
+    print("corpus:", json.dumps(stats))
+    return stats
