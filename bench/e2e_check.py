@@ -24,7 +24,7 @@ ROOT = __file__.rsplit("/bench/", 1)[0]
 sys.path.insert(0, ROOT)
 
 import provenance  # noqa: E402
-from sglang_dflash.testing.servers import generate_all, launch, prompts  # noqa: E402
+from sglang_dflash.testing.servers import generate_all, launch, prompts, server_device  # noqa: E402
 
 
 def bench(srv, batch, conc, max_new):
@@ -42,7 +42,7 @@ def bench(srv, batch, conc, max_new):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when a CUDA device is visible")
     ap.add_argument("--out", required=True)
     ap.add_argument(
         "--no-match-sched",
@@ -51,6 +51,7 @@ def main():
         help="each arm keeps its own scheduler defaults (the report says so)",
     )
     a = ap.parse_args()
+    a.device = a.device or server_device().name
     prov = provenance.stamp()
     from sglang_dflash.testing.pairs import MIXED, pair
 
@@ -73,7 +74,14 @@ def main():
         arms[name] = {"argv": provenance.server_argv(target, draft, dtype, arm_extra), "env": env}
         # SGLang's built-in worker has none of our /server_info draft counters to check at exit.
         with launch(
-            target, draft, dtype, extra=arm_extra, env=env, name=f"e2e-{name}", check_drafts=name != "builtin"
+            target,
+            draft,
+            dtype,
+            extra=arm_extra,
+            env=env,
+            name=f"e2e-{name}",
+            check_drafts=name != "builtin",
+            device=a.device,
         ) as srv:
             outs = generate_all(srv, batch, max_new)
             ids = [o["output_ids"] for o in outs]
