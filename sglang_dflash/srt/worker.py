@@ -34,7 +34,7 @@ from sglang_dflash.srt.metrics import StageClock
 from sglang_dflash.srt.step_profile import make_controller
 from sglang_dflash.srt.verify_backend import verify_forward
 from sglang_dflash.srt.seeded_prefill import PreSampleLogits, reseed_first_tokens
-from sglang_dflash.srt.target_model import block_attention, check_capture_layers, dump_context
+from sglang_dflash.srt.target_model import block_attention, check_capture_layers, dump_context, warm_up_block_attention
 from sglang_dflash.model.loader import load_drafter
 from sglang_dflash.pipeline.context_kv import write_context
 from sglang_dflash.model.mask_token import resolve_mask_token_id
@@ -113,7 +113,7 @@ class DFlashWorker(BaseSpecWorker):
         )
 
     def init_attention_backends(self):
-        pass
+        warm_up_block_attention(self.cfg, self.block_size, self.device_type == "cuda", self.draft_kv)
 
     def init_cuda_graphs(self):
         """SGLang's last start-up hook (pools and attention backends exist): set up the width choice."""
