@@ -274,18 +274,19 @@ class DFlashWorker(BaseSpecWorker):
             logits_output.hidden_states[rows],
             positions.reshape(-1)[rows],
             slots.reshape(-1)[rows],
+            self.model_runner.model_config.context_len + B,  # bounds every position: no positions.max() sync
         )
         logits_output.hidden_states = None
         clock.mark("kv_write")
 
-        accepted = acc.accept_lens.tolist()
-        seconds = clock.seconds()
+        seconds = clock.seconds()  # waits for the step's last stage, so the one copy below waits for nothing
+        accepted, commits = torch.stack([acc.accept_lens, acc.commit_lens]).tolist()  # [bs] each, one copy
         self.width.observe(
             W, [a for a, s in zip(accepted, sampled) if not s], [a for a, s in zip(accepted, sampled) if s]
         )
         self._step_cost = (len(accepted), W, sum(seconds.values()), time.perf_counter())
         if self.metrics is not None:
-            self.metrics.record(acc.commit_lens.tolist(), seconds, W, self.width.last_rates)
+            self.metrics.record(commits, seconds, W, self.width.last_rates)
         nxt = make_draft_input_v2(bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens)
         return GenerationBatchResult(
             logits_output=logits_output,
