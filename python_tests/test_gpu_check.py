@@ -3,6 +3,7 @@ every head layout, the fp8 cache write, and that its tolerance (relative to the 
 catches a causal/non-causal mix-up. The whole script runs in test_builds.py (server-marked)."""
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -55,3 +56,18 @@ def test_tolerance_catches_a_causal_block(monkeypatch, layout):
 def test_write_fp8_cache_with_scale():
     row = gpu_check.check_write("cpu", 64, torch.float32, L=2, T=64, cache_dtype=torch.float8_e4m3fn, kv_scale=0.5)
     assert row["ok"] and row["cache_dtype"] == "torch.float8_e4m3fn", row
+
+
+def test_kernels_tier_needs_no_sglang():
+    # A fresh GPU machine has torch, nvcc and FlashInfer only: the tier must import without the rest.
+    bench = os.path.dirname(gpu_check.__file__)
+    code = (
+        "import sys\n"
+        "for m in ('sglang', 'sgl_kernel', 'requests', 'safetensors', 'transformers'):\n"
+        "    sys.modules[m] = None\n"
+        "import gpu_check\n"
+        "print(gpu_check.kernels.load())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(bench)}
+    p = subprocess.run([sys.executable, "-c", code], cwd=bench, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "extension", p.stderr[-2000:]
