@@ -1,7 +1,8 @@
 """Builds the sglang_dflash._C extension (CPU always; CUDA when CUDA_HOME is set or FORCE_CUDA=1).
 
 SGLANG_DFLASH_BUILD_EXT=0 skips it (the package then registers the same ops over torch references).
-With no GPU visible and TORCH_CUDA_ARCH_LIST unset, CUDA code is built for sm_90 and sm_100.
+CUDA code is built for TORCH_CUDA_ARCH_LIST when set, else for the visible GPUs' architectures, else
+(no GPU visible) for sm_90 and sm_100.
 SGLANG_DFLASH_WERROR=1 turns warnings into errors (our `make install` and build tests); off by
 default, so a newer compiler's new warning cannot break a user's `pip install`.
 """
@@ -20,6 +21,28 @@ def compile_args(env=os.environ):
     }
 
 
+def visible_capabilities() -> list:
+    """[(major, minor)] of every visible CUDA device ([] without one, or without torch's CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+
+
+def cuda_arch_list(env=os.environ, capabilities=None) -> str:
+    """TORCH_CUDA_ARCH_LIST for the CUDA build: the user's when set; else the visible GPUs'
+    (capabilities [(major, minor)], default: asked from torch); else "9.0;10.0" (H100/H200, B200),
+    since with no GPU and no list torch's build has no architecture to target."""
+    if env.get("TORCH_CUDA_ARCH_LIST", "").strip():
+        return env["TORCH_CUDA_ARCH_LIST"]
+    if capabilities is None:
+        capabilities = visible_capabilities()
+    if capabilities:
+        return ";".join(sorted({f"{major}.{minor}" for major, minor in capabilities}))
+    return "9.0;10.0"
+
+
 ext_modules, cmdclass = [], {}
 if os.environ.get("SGLANG_DFLASH_BUILD_EXT", "1") != "0":
     from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
@@ -28,7 +51,8 @@ if os.environ.get("SGLANG_DFLASH_BUILD_EXT", "1") != "0":
     depends = ["csrc/dflash_checks.h"]  # shared argument checks; listed so sdists ship it
     want_cuda = os.environ.get("FORCE_CUDA") == "1" or bool(os.environ.get("CUDA_HOME"))
     if want_cuda:
-        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0;10.0")
+        os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list()
+        print("sglang_dflash: building CUDA for TORCH_CUDA_ARCH_LIST=" + os.environ["TORCH_CUDA_ARCH_LIST"])
         ext = CUDAExtension(
             "sglang_dflash._C",
             ["csrc/dflash_ops.cpp", "csrc/dflash_ops_cuda.cu"],

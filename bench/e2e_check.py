@@ -1,9 +1,15 @@
 """End-to-end device check (gpu_check.sh --e2e): lossless greedy output and throughput of
 no speculation vs our DFLASH worker (vs SGLang's built-in DFLASH on GPU), one server at a time.
 
-CPU mode: tiny generated models (steered pair, mixed acceptance). GPU mode: random-weight (dummy)
-target shaped like Qwen3-8B and a 5-layer drafter; a forced-acceptance steering is not possible
-with dummy weights, so tau there is what the random drafter gets (~1): it measures overhead.
+CPU mode: tiny generated models (steered pair, mixed acceptance). GPU mode, two parts:
+1. lossless: the context-dependent tiny pair (testing/context_drafter.py: a drafter trained on its
+   target, drafts that depend on the context) in bfloat16 against plain decoding: token-identical
+   but for near-ties (the bf16 rule of test_lossless.py), no failed draft step, tau > 1 asserted, so
+   the FlashInfer drafting path must really have drafted and been accepted.
+2. throughput: random-weight (dummy) target shaped like Qwen3-8B and a 5-layer drafter at
+   concurrency 1, 8, 32, 64, none / ours / SGLang's built-in DFLASH. Dummy weights cannot be
+   steered, so tau there is what a random drafter gets (~1) for both DFLASH arms: it measures each
+   worker's overhead at equal (minimal) acceptance, not a speedup.
 
 Measurement rules shared with the benches (bench/provenance.py): every arm gets the scheduler
 flags DFLASH forces (--no-match-sched: each arm's own defaults, recorded), the prefix cache is
@@ -24,7 +30,39 @@ ROOT = __file__.rsplit("/bench/", 1)[0]
 sys.path.insert(0, ROOT)
 
 import provenance  # noqa: E402
-from sglang_dflash.testing.servers import generate_all, launch, prompts  # noqa: E402
+from sglang_dflash.testing.servers import (  # noqa: E402
+    assert_lossless,
+    assert_speculated,
+    generate_all,
+    launch,
+    prompts,
+    reference,
+    server_device,
+)
+
+BF16_TIE = 0.25  # top-2 logprob gap under which bf16 verify and decode may round apart (test_lossless.py)
+GPU_MAX_RUNNING = "64"  # concurrency 64 must not queue behind the DFLASH default of 48
+
+
+def lossless_pass(device: str) -> dict:
+    """Part 1 (GPU): the context pair, bf16, DFLASH vs plain; asserts exactness, drafts, tau > 1."""
+    from sglang_dflash.testing.context_drafter import BLOCK, make_context_pair
+    from sglang_dflash.testing.pairs import ROOT as CACHE
+
+    target, drafter = make_context_pair(CACHE)
+    batch, max_new = prompts(16, seed=3, max_len=40), 48
+    try:
+        with launch(target, None, "bfloat16", name="e2e-plain-context", device=device) as plain:
+            refs = reference(plain, batch, max_new)
+        extra = ["--speculative-num-draft-tokens", str(BLOCK)]
+        # launch() asserts at exit that the drafter ran and no draft step failed
+        with launch(target, drafter, "bfloat16", extra=extra, name="e2e-ours-context", device=device) as srv:
+            outs = generate_all(srv, batch, max_new)
+            assert_lossless(refs, outs, BF16_TIE, max_excused=len(batch) // 4)
+            tau = assert_speculated(outs, 1.0)
+    except (AssertionError, RuntimeError, TimeoutError) as e:
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"[-2000:]}
+    return {"ok": True, "tau": tau, "prompts": len(batch), "max_new_tokens": max_new}
 
 
 def bench(srv, batch, conc, max_new):
@@ -42,7 +80,7 @@ def bench(srv, batch, conc, max_new):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when a CUDA device is visible")
     ap.add_argument("--out", required=True)
     ap.add_argument(
         "--no-match-sched",
@@ -51,6 +89,7 @@ def main():
         help="each arm keeps its own scheduler defaults (the report says so)",
     )
     a = ap.parse_args()
+    a.device = a.device or server_device().name
     prov = provenance.stamp()
     from sglang_dflash.testing.pairs import MIXED, pair
 
@@ -59,21 +98,31 @@ def main():
         from sglang_dflash.testing.qwen3_8b_shape import dummy_pair
 
         target, drafter = dummy_pair(os.path.join(ROOT, "bench/results/qwen3-8b-dummy"))
-        dtype, extra, concs = "bfloat16", ["--load-format", "dummy"], [1, 8, 32]
+        dtype, extra, concs = "bfloat16", ["--load-format", "dummy"], [1, 8, 32, 64]
     else:
         target, drafter = pair("llama", "float32", MIXED["llama"])
         dtype, extra, concs = "float32", [], [1, 8]
-    batch, max_new = prompts(32, seed=1, max_len=200), 64
+    lossless = lossless_pass(a.device) if gpu else None
+    batch, max_new = prompts(max(32, *concs), seed=1, max_len=200), 64
     impls = [("none", None, {}), ("ours", drafter, {})]
     if gpu:
         impls.append(("builtin", drafter, {"SGLANG_DFLASH_IMPL": "builtin"}))
     rows, ref, arms = [], None, {}
     for name, draft, env in impls:
         arm_extra = provenance.arm_extra(extra, a.match_sched)
+        if gpu:  # the last --max-running-requests wins
+            arm_extra += ["--max-running-requests", GPU_MAX_RUNNING]
         arms[name] = {"argv": provenance.server_argv(target, draft, dtype, arm_extra), "env": env}
         # SGLang's built-in worker has none of our /server_info draft counters to check at exit.
         with launch(
-            target, draft, dtype, extra=arm_extra, env=env, name=f"e2e-{name}", check_drafts=name != "builtin"
+            target,
+            draft,
+            dtype,
+            extra=arm_extra,
+            env=env,
+            name=f"e2e-{name}",
+            check_drafts=name != "builtin",
+            device=a.device,
         ) as srv:
             outs = generate_all(srv, batch, max_new)
             ids = [o["output_ids"] for o in outs]
@@ -83,15 +132,20 @@ def main():
                 r, _ = bench(srv, batch, c, max_new)
                 rows.append({"impl": name, "identical_to_plain": same, **r})
     base = {r["concurrency"]: r["tok_s"] for r in rows if r["impl"] == "none"}
+    builtin = {r["concurrency"]: r["tok_s"] for r in rows if r["impl"] == "builtin"}
     for r in rows:
         r["speedup"] = r["tok_s"] / base[r["concurrency"]]
+        if r["impl"] == "ours" and builtin:
+            r["ours_over_builtin"] = r["tok_s"] / builtin[r["concurrency"]]
     # float32 on CPU: identical. bf16 on GPU: verify and decode kernels round differently, so a
     # few sequences may part at near-ties (see test_lossless.py); require 3 in 4 to be identical.
     need = 1.0 if not gpu else 0.75
     ok = all(r["identical_to_plain"] is None or r["identical_to_plain"] >= need for r in rows if r["impl"] == "ours")
+    ok = ok and (lossless is None or lossless["ok"])
     report = {
         "tier": "e2e",
         "device": a.device,
+        "lossless": lossless,
         "rows": rows,
         "ok": ok,
         "arms": arms,

@@ -28,8 +28,6 @@ import subprocess
 import sys
 import time
 
-import requests
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCHED_FLAGS = ["--disable-overlap-schedule", "--max-running-requests", "48"]
@@ -140,6 +138,8 @@ def tau(metas) -> float | None:
 def flush_cache(url: str, tries: int = 30) -> None:
     """Empty the prefix cache. SGLang refuses (non-200) while requests are still in flight, which
     can briefly outlast the last HTTP response, so retry; a cache that never flushes is an error."""
+    import requests  # here, not at the top: the kernels tier stamps reports on machines without it
+
     last = None
     for _ in range(tries):
         r = requests.post(url + "/flush_cache", timeout=60)

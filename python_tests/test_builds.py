@@ -1,4 +1,4 @@
-"""The CUDA sources compile for sm_90 and sm_100 with nvcc (compile only: nothing CUDA runs here),
+"""The CUDA sources compile for sm_90 and sm_100 (the arch list when no GPU is visible) with nvcc (compile only: nothing CUDA runs here),
 warnings as errors (SGLANG_DFLASH_WERROR=1; off for users' installs); the CPU and CUDA ops share
 csrc/dflash_checks.h; and bench/gpu_check.sh passes its CPU mode for both tiers."""
 
@@ -54,13 +54,25 @@ def test_cuda_extension_compiles_for_sm90_sm100(tmp_path):
     assert glob.glob(str(tmp_path / "sglang_dflash" / "_C*.so"))
 
 
-def load_compile_args():
-    """setup.py's compile_args(), without running setup() (setup.py has top-level side effects)."""
+def load_setup_function(name):
+    """A function of setup.py, without running setup() (setup.py has top-level side effects)."""
     tree = ast.parse(open(os.path.join(ROOT, "setup.py")).read())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "compile_args")
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
     ns = {"os": os}
     exec(compile(ast.Module(body=[fn], type_ignores=[]), "setup.py", "exec"), ns)
-    return ns["compile_args"]
+    return ns[name]
+
+
+def load_compile_args():
+    return load_setup_function("compile_args")
+
+
+def test_cuda_arch_list_follows_user_then_visible_gpu_then_default():
+    arch = load_setup_function("cuda_arch_list")
+    assert arch({"TORCH_CUDA_ARCH_LIST": "8.0"}, capabilities=[(9, 0)]) == "8.0"  # the user's list wins
+    assert arch({}, capabilities=[(8, 9)]) == "8.9"  # an L4: its own architecture, not 9.0;10.0
+    assert arch({"TORCH_CUDA_ARCH_LIST": " "}, capabilities=[(9, 0), (9, 0), (8, 0)]) == "8.0;9.0"
+    assert arch({}, capabilities=[]) == "9.0;10.0"  # no GPU visible
 
 
 def test_werror_only_when_asked():

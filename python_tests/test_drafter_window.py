@@ -14,6 +14,7 @@ from sglang_dflash.kernels import reference
 from sglang_dflash.model.drafter import DFlashDrafter
 from sglang_dflash.pipeline.context_kv import write_context
 from sglang_dflash.testing.dense_drafter import dense_reference
+from sglang_dflash.testing.fake_flashinfer import FakePrefillWrapper
 from sglang_dflash.testing.tiny_config import tiny_cfg_dict
 
 MIXED = ["sliding_attention", "full_attention", "sliding_attention"]  # some layers full, some sliding
@@ -106,56 +107,13 @@ def test_sliding_window_draft_matches_dense_reference(window):
             assert (want - full).abs().max() > 1e-2  # the window really hides keys in this case
 
 
-class FakePrefillWrapper:
-    """CPU stand-in for flashinfer.BatchPrefillWithPagedKVCacheWrapper (NHD, page size 1): plain
-    math with FlashInfer's own mask rule for window_left, as its kernel states it
-    (attention/variants.cuh): keep kv_idx iff kv_idx + qo_len + window_left >= kv_len + qo_idx."""
-
-    def plan(
-        self,
-        qo_indptr,
-        kv_indptr,
-        kv_indices,
-        last_page_len,
-        num_qo_heads,
-        num_kv_heads,
-        head_dim,
-        page_size,
-        *,
-        causal,
-        sm_scale,
-        window_left=-1,
-        q_data_type=None,
-        kv_data_type=None,
-    ):
-        assert page_size == 1 and not causal and bool((last_page_len == 1).all())
-        self.qo, self.kv, self.idx = qo_indptr.tolist(), kv_indptr.tolist(), kv_indices.long()
-        self.scale, self.left = sm_scale, window_left
-
-    def run(self, q, paged):  # q [N, H, D]; paged: k, v [S, 1, Hkv, D]
-        k_all, v_all = paged[0][:, 0], paged[1][:, 0]
-        out = torch.empty_like(q)
-        for b in range(len(self.qo) - 1):
-            qb = q[self.qo[b] : self.qo[b + 1]]
-            slots = self.idx[self.kv[b] : self.kv[b + 1]]
-            rep = q.shape[1] // k_all.shape[1]
-            k, v = k_all[slots].repeat_interleave(rep, 1), v_all[slots].repeat_interleave(rep, 1)
-            qo_len, kv_len = qb.shape[0], k.shape[0]
-            logits = torch.einsum("qhd,khd->hqk", qb, k) * self.scale
-            if self.left >= 0:
-                qi, ki = torch.arange(qo_len)[:, None], torch.arange(kv_len)[None, :]
-                logits = logits.masked_fill(~(ki + qo_len + self.left >= kv_len + qi), float("-inf"))
-            out[self.qo[b] : self.qo[b + 1]] = torch.einsum("hqk,khd->qhd", logits.softmax(-1), v)
-        return out
-
-
 def test_flashinfer_windows_match_torch_path(monkeypatch):
     """FlashInferBlockAttention plans one wrapper per distinct window with window_left = W - 1 and
     sends each layer to its own: same result as the torch path, on a FlashInfer stand-in."""
     from sglang_dflash.pipeline import flashinfer_attention as fa
 
     planned = {}
-    monkeypatch.setattr(fa, "_wrapper", lambda dev, left: planned.setdefault(left, FakePrefillWrapper()))
+    monkeypatch.setattr(fa, "_wrapper", lambda dev, left, backend: planned.setdefault(left, FakePrefillWrapper()))
     torch.manual_seed(2)
     L, B, hkv, d, lens = 3, 4, 2, 8, [5, 11]
     windows = [6, None, 4]

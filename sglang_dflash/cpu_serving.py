@@ -1,8 +1,8 @@
-"""What SGLang needs to serve on a CPU-only machine: the environment and the server settings.
+"""What SGLang needs to serve on a CPU-only machine, and which device a server runs on.
 
 One definition for every user: `launch.py` (server defaults), `offline.py` and `train/datagen.py`
 (`sglang.Engine`), the test servers (testing/servers.py) and engine run, and the Makefile (`python cpu_serving.py`
-prints the environment). Plain Python: runnable before the package is installed.
+prints the environment, nothing when a CUDA device is visible). Plain Python: runnable before the package is installed.
 
 OMP_NUM_THREADS=1: two spinning OpenMP threads on 2 cores make a small linear 100x slower.
 max_total_tokens: SGLang's default KV pool takes 70% of RAM.
@@ -11,8 +11,13 @@ max_total_tokens: SGLang's default KV pool takes 70% of RAM.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
 
-CPU_ENV = {"OMP_NUM_THREADS": "1", "SGLANG_USE_CPU_ENGINE": "1"}
+# SGLang's platform choice lets this variable win over a visible CUDA device: a GPU server that
+# inherits it (the Makefile exports CPU_ENV) would run an 8B model on one CPU thread.
+CPU_ENGINE_VAR = "SGLANG_USE_CPU_ENGINE"
+CPU_ENV = {"OMP_NUM_THREADS": "1", CPU_ENGINE_VAR: "1"}
 CPU_SETTINGS = {
     "device": "cpu",
     "attention_backend": "torch_native",
@@ -41,5 +46,40 @@ def server_flags(**overrides) -> dict[str, str | None]:
     return flags
 
 
+def cuda_visible() -> bool:
+    """A CUDA device this process could use: torch's answer when torch imports (the harness, the
+    launcher), else the NVIDIA driver's device list (the Makefile runs this file before install)."""
+    try:
+        import torch
+    except ImportError:
+        gpus = "/proc/driver/nvidia/gpus"
+        hidden = os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1")
+        return not hidden and os.path.isdir(gpus) and bool(os.listdir(gpus))
+    return torch.cuda.is_available()
+
+
+@dataclass(frozen=True)
+class ServingDevice:
+    name: str  # "cuda" or "cpu"
+    flags: dict[str, Optional[str]]  # launch_server flags (None: a switch without a value)
+    env: dict[str, str] = field(default_factory=dict)  # set in the server's environment
+    unset: tuple[str, ...] = ()  # dropped from the environment the server inherits
+
+    def environ(self, inherited: Mapping[str, str], overrides: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+        """The server's environment: inherited minus `unset`, plus `env`, plus the caller's overrides."""
+        kept = {k: v for k, v in inherited.items() if k not in self.unset}
+        return {**kept, **self.env, **(overrides or {})}
+
+
+def serving_device(cuda: bool, **cpu_overrides) -> ServingDevice:
+    """cuda: a CUDA device is visible (cuda_visible()). With one: --device cuda, SGLang's default GPU
+    attention backend and KV pool size, and no CPU-engine variable; without: CPU_ENV and the CPU
+    settings (cpu_overrides replace some, e.g. max_total_tokens)."""
+    if cuda:
+        return ServingDevice("cuda", {"--device": "cuda"}, unset=(CPU_ENGINE_VAR,))
+    return ServingDevice("cpu", server_flags(**cpu_overrides), env=dict(CPU_ENV))
+
+
 if __name__ == "__main__":
-    print("\n".join(f"{k}={v}" for k, v in CPU_ENV.items()))
+    if not cuda_visible():
+        print("\n".join(f"{k}={v}" for k, v in CPU_ENV.items()))

@@ -98,6 +98,14 @@ PROPOSAL = EnvVar(
     "from the drafter's q, rejection), `qall` (every draft drawn from q, rejection)",
     choices=("argmax", "q1", "qall"),
 )
+FLASHINFER_BACKEND = EnvVar(
+    "SGLANG_DFLASH_FLASHINFER_BACKEND",
+    str,
+    "fa2",
+    "FlashInfer backend of the drafter's block attention on GPU: `fa2` (the one SGLang's FlashInfer "
+    "attention pins), `fa3` (Hopper), `auto` (FlashInfer's choice: fa3 on Hopper)",
+    choices=("fa2", "fa3", "auto"),
+)
 CPU_SHIMS_LOGGED = EnvVar(
     "SGLANG_DFLASH_CPU_SHIMS_LOGGED", bool, False, "internal: set once the CPU `sgl_kernel` stand-in warning was shown"
 )

@@ -14,18 +14,9 @@ from __future__ import annotations
 import os
 import sys
 
-from sglang_dflash.cpu_serving import server_flags, set_cpu_env
+from sglang_dflash.cpu_serving import cuda_visible, server_flags, set_cpu_env
 
 COMMON_FLAGS = {"--speculative-algorithm": "DFLASH"}
-
-
-def has_gpu() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:
-        return False
 
 
 def with_defaults(argv: list[str], gpu: bool) -> list[str]:
@@ -71,7 +62,7 @@ def with_embedded(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = with_embedded(sys.argv[1:] if argv is None else argv)
-    gpu = has_gpu()
+    gpu = cuda_visible()
     args = with_defaults(argv, gpu)
     if not gpu:
         set_cpu_env()

@@ -25,13 +25,20 @@ class DraftKVCache:
 
 @torch.inference_mode()
 def write_context(
-    drafter: DFlashDrafter, cache: DraftKVCache, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
+    drafter: DFlashDrafter,
+    cache: DraftKVCache,
+    features: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    max_position: int | None = None,
 ) -> None:
-    """features [T, K*H] target hidden states at target_layer_ids; positions [T]; slots [T]."""
+    """features [T, K*H] target hidden states at target_layer_ids; positions [T]; slots [T].
+    max_position: a host bound > every position (decode: context length + B), saving the device sync
+    of reading positions.max(); the kernel rejects a position past the table either way."""
     if slots.numel() == 0:
         return
     k, v = drafter.context_kv_pre(features)  # [L, T, kv_heads, head_dim] each, before k_norm / RoPE
-    table = drafter.rope_table(int(positions.max()) + 1, positions.device)
+    table = drafter.rope_table(max_position or int(positions.max()) + 1, positions.device)
     ops().write_draft_kv(
         k,
         v,

@@ -11,22 +11,26 @@ from typing import Optional, Sequence
 
 import torch
 
+from sglang_dflash import env
+
+# Cache dtypes FlashInfer's prefill kernels take (no float32: a float32 drafter drafts with torch).
+KV_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
 # device -> float workspace, shared by this module's wrappers: they run one after another on one stream.
 _WORKSPACE: dict = {}
-# (device, window_left) -> wrapper. FlashInfer fixes window_left at plan time (run asserts it is
-# unchanged), so a drafter with full and sliding layers needs one planned wrapper per window.
+# (device, window_left, backend) -> wrapper. FlashInfer fixes window_left at plan time (run asserts
+# it is unchanged), so a drafter with full and sliding layers needs one planned wrapper per window.
 _WRAPPERS: dict = {}
 
 
-def _wrapper(dev: torch.device, left: int):
+def _wrapper(dev: torch.device, left: int, backend: str):
     import flashinfer
 
     if dev not in _WORKSPACE:
         _WORKSPACE[dev] = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=dev)
-    if (dev, left) not in _WRAPPERS:
-        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_WORKSPACE[dev], kv_layout="NHD")
-        _WRAPPERS[dev, left] = wrapper
-    return _WRAPPERS[dev, left]
+    if (dev, left, backend) not in _WRAPPERS:
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_WORKSPACE[dev], kv_layout="NHD", backend=backend)
+        _WRAPPERS[dev, left, backend] = wrapper
+    return _WRAPPERS[dev, left, backend]
 
 
 def window_left(window: Optional[int], block: int) -> int:
@@ -45,13 +49,22 @@ def window_left(window: Optional[int], block: int) -> int:
 
 
 def paged_kv_layout(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, kv_lens: torch.Tensor):
-    """-> kv_indptr [bs+1] int32, kv_indices [sum(kv_lens)] int32 (page size 1: slot ids)."""
-    rows = req_to_token[req_pool_indices.to(torch.int64)]
-    cols = torch.arange(rows.shape[1], device=rows.device)[None, :]
-    indices = rows[cols < kv_lens[:, None]].to(torch.int32)  # row-major: request by request
-    indptr = torch.zeros(kv_lens.numel() + 1, dtype=torch.int32, device=rows.device)
-    indptr[1:] = torch.cumsum(kv_lens, 0)
+    """kv_lens [bs] -> kv_indptr [bs+1] int32 ON THE HOST, kv_indices [sum(kv_lens)] int32 (page size
+    1: slot ids, request by request). The indptr's one device->host copy is the step's only sync:
+    plan() needs it on the host anyway, and its total sizes the index gather (no boolean mask)."""
+    dev = req_to_token.device
+    ends = torch.cumsum(kv_lens.to(torch.int64), 0)  # [bs]
+    indptr = torch.cat([ends.new_zeros(1), ends]).to(torch.int32).cpu()
+    t = torch.arange(int(indptr[-1]), device=dev)  # [N] flat entry index
+    req = torch.searchsorted(ends, t, right=True)  # [N] owner: the first request ending after t
+    col = t - (ends[req] - kv_lens.to(torch.int64)[req])  # [N] column in that request's row
+    indices = req_to_token[req_pool_indices.to(torch.int64)[req], col].to(torch.int32)
     return indptr, indices
+
+
+def q_dtype_for(kv_dtype: torch.dtype) -> torch.dtype:
+    """Queries stay 16-bit over an fp8 cache (FlashInfer's fp8 prefill takes 16-bit q)."""
+    return torch.bfloat16 if kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else kv_dtype
 
 
 class FlashInferBlockAttention:
@@ -73,13 +86,15 @@ class FlashInferBlockAttention:
         dev = k_cache.device
         bs = prefix_lens.numel()
         kv_indptr, kv_indices = paged_kv_layout(req_to_token, req_pool_indices, prefix_lens + block)
-        qo_indptr = torch.arange(0, (bs + 1) * block, block, dtype=torch.int32, device=dev)
-        last_page_len = torch.ones(bs, dtype=torch.int32, device=dev)
+        qo_indptr = torch.arange(0, (bs + 1) * block, block, dtype=torch.int32)  # host: no sync in plan
+        last_page_len = torch.ones(bs, dtype=torch.int32)
         windows = list(windows) + [None] * (k_cache.shape[0] - len(windows))  # absent: full attention
         lefts = [window_left(w, block) for w in windows]
+        self.backend = env.FLASHINFER_BACKEND.get()
+        self.q_dtype = q_dtype_for(k_cache.dtype)
         planned = {}
         for left in sorted(set(lefts)):  # one plan per distinct window, shared by its layers
-            planned[left] = _wrapper(dev, left)
+            planned[left] = _wrapper(dev, left, self.backend)
             planned[left].plan(
                 qo_indptr,
                 kv_indptr,
@@ -92,7 +107,7 @@ class FlashInferBlockAttention:
                 causal=False,
                 sm_scale=scale,
                 window_left=left,
-                q_data_type=k_cache.dtype,
+                q_data_type=self.q_dtype,
                 kv_data_type=k_cache.dtype,
             )
         self.wrappers = [planned[left] for left in lefts]  # [L]
@@ -101,6 +116,15 @@ class FlashInferBlockAttention:
     def __call__(self, layer: int, q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor) -> torch.Tensor:
         """q [bs*B, H, D]; k_blk, v_blk [bs*B, Hkv, D] -> [bs*B, H, D]."""
         kc, vc = self.k[layer], self.v[layer]
-        kc.index_copy_(0, self.block_slots, k_blk.to(kc.dtype))
-        vc.index_copy_(0, self.block_slots, v_blk.to(vc.dtype))
-        return self.wrappers[layer].run(q.to(kc.dtype), (kc.unsqueeze(1), vc.unsqueeze(1))).to(q.dtype)
+        _store(kc, self.block_slots, k_blk)
+        _store(vc, self.block_slots, v_blk)
+        return self.wrappers[layer].run(q.to(self.q_dtype), (kc.unsqueeze(1), vc.unsqueeze(1))).to(q.dtype)
+
+
+def _store(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """cache [S, Hkv, D] <- rows [N, Hkv, D] at slots [N]; index_copy_ has no float8 kernels, so
+    one-byte caches copy their bytes."""
+    rows = rows.to(cache.dtype)
+    if cache.element_size() == 1:
+        cache, rows = cache.view(torch.uint8), rows.view(torch.uint8)
+    cache.index_copy_(0, slots, rows)

@@ -4,6 +4,7 @@ the KV pool (attention over the drafter KV, debug dumps)."""
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import torch
 
@@ -31,14 +32,65 @@ def block_attention(cfg: DrafterConfig, block: int, cuda: bool, kv: DraftKVCache
     window_left), else torch. prefix [bs]; slots [bs*B] KV slot ids of the block."""
     scale = cfg.head_dim**-0.5
     windows = cfg.layer_windows
-    if cuda and all(w is None or w >= block for w in windows):
+    if uses_flashinfer(cfg, block, cuda, kv.k.dtype):
         from sglang_dflash.pipeline.flashinfer_attention import FlashInferBlockAttention
 
         args = (req_to_token, batch.req_pool_indices, prefix, slots, block, cfg.num_heads, scale, windows)
         return FlashInferBlockAttention(kv.k, kv.v, *args)
-    # The one host sync of the torch path (free on CPU; on CUDA it runs only when a window < B).
+    # The one host sync of the torch path (free on CPU; on CUDA only for float32 or a window < B).
     table = slot_table(req_to_token, batch.req_pool_indices, int(prefix.max()) + block)  # [bs, max prefix + B]
     return TorchBlockAttention(kv.k, kv.v, table, slots, scale, windows, prefix=prefix)
+
+
+def uses_flashinfer(cfg: DrafterConfig, block: int, cuda: bool, dtype: torch.dtype) -> bool:
+    """FlashInfer drafts on CUDA unless a layer's window hides block rows (W < B) or the cache is
+    float32 (FlashInfer has no float32 kernels); torch attention serves those."""
+    from sglang_dflash.pipeline.flashinfer_attention import KV_DTYPES
+
+    return cuda and dtype in KV_DTYPES and all(w is None or w >= block for w in cfg.layer_windows)
+
+
+@torch.inference_mode()
+def warm_up_block_attention(cfg: DrafterConfig, block: int, cuda: bool, kv: DraftKVCache, attention=block_attention):
+    """Start-up: plan and run the drafter's block attention once per layer on a dummy one-request
+    batch with the drafter's head layout, through the decode step's own `attention` choice. A
+    FlashInfer JIT, plan or run failure then stops start-up naming FlashInfer, instead of failing
+    every draft step into the exact-but-undrafted fallback (which no output check can see)."""
+    dev = kv.k.device
+    flashinfer = uses_flashinfer(cfg, block, cuda, kv.k.dtype)
+    # Slot 0 is SGLang's padding slot: the dummy request's context and block both live there.
+    req_to_token = torch.zeros(1, 1 + block, dtype=torch.int32, device=dev)  # [1, prefix + B]
+    prefix = torch.ones(1, dtype=torch.int64, device=dev)  # [1]
+    batch = SimpleNamespace(req_pool_indices=torch.zeros(1, dtype=torch.int64, device=dev), seq_lens=prefix)
+    slots = torch.zeros(block, dtype=torch.int64, device=dev)  # [B]
+    dtype = kv.k.dtype if kv.k.element_size() > 1 else torch.bfloat16
+    q = torch.randn(block, cfg.num_heads, cfg.head_dim, device=dev).to(dtype)  # [B, H, D]
+    kb = torch.randn(block, cfg.num_kv_heads, cfg.head_dim, device=dev).to(dtype)  # [B, Hkv, D]
+    try:
+        attend = attention(cfg, block, cuda, kv, req_to_token, batch, prefix, slots)
+        outs = [attend(layer, q, kb, kb) for layer in range(cfg.num_layers)]
+        bad = [i for i, o in enumerate(outs) if o.shape != q.shape or not bool(o.isfinite().all())]
+        if bad:
+            raise RuntimeError(f"layers {bad} returned a wrong shape or non-finite values")
+    except Exception as e:
+        raise RuntimeError(warm_up_error(cfg, block, kv.k.dtype, flashinfer, e)) from e
+
+
+def warm_up_error(cfg: DrafterConfig, block: int, dtype: torch.dtype, flashinfer: bool, e: Exception) -> str:
+    from sglang_dflash import env
+
+    layout = (
+        f"{cfg.num_heads} query / {cfg.num_kv_heads} KV heads, head_dim {cfg.head_dim}, {dtype} cache, block {block}"
+    )
+    if not flashinfer:
+        return f"DFLASH drafter block attention (torch) failed its start-up warm-up ({layout}): {type(e).__name__}: {e}"
+    backend = env.FLASHINFER_BACKEND
+    return (
+        f"FlashInfer block attention failed its start-up warm-up ({layout}, backend {backend.get()}): "
+        f"{type(e).__name__}: {e}. Fix: install a FlashInfer that matches this torch and CUDA "
+        f"(flashinfer-python; without prebuilt kernels it JIT-compiles them with nvcc at this point), "
+        f"or set {backend.name} to another of {', '.join(backend.choices)}."
+    )
 
 
 def dump_context(kv: DraftKVCache, req_to_token, batch, out_dir: str) -> None:

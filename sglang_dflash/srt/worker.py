@@ -34,7 +34,7 @@ from sglang_dflash.srt.draft_head import DraftHead
 from sglang_dflash.srt.step_profile import make_controller
 from sglang_dflash.srt.verify_backend import verify_forward
 from sglang_dflash.srt.seeded_prefill import PreSampleLogits, reseed_first_tokens
-from sglang_dflash.srt.target_model import block_attention, check_capture_layers, dump_context
+from sglang_dflash.srt.target_model import block_attention, check_capture_layers, dump_context, warm_up_block_attention
 from sglang_dflash.model.loader import load_drafter
 from sglang_dflash.pipeline.context_kv import write_context
 from sglang_dflash.model.mask_token import resolve_mask_token_id
@@ -114,7 +114,7 @@ class DFlashWorker(BaseSpecWorker):
         )
 
     def init_attention_backends(self):
-        pass
+        warm_up_block_attention(self.cfg, self.block_size, self.device_type == "cuda", self.draft_kv)
 
     def init_cuda_graphs(self):
         """SGLang's last start-up hook (pools and attention backends exist): set up the width choice."""
@@ -267,18 +267,19 @@ class DFlashWorker(BaseSpecWorker):
             logits_output.hidden_states[rows],
             positions.reshape(-1)[rows],
             slots.reshape(-1)[rows],
+            self.model_runner.model_config.context_len + B,  # bounds every position: no positions.max() sync
         )
         logits_output.hidden_states = None
         clock.mark("kv_write")
 
-        accepted = acc.accept_lens.tolist()
-        seconds = clock.seconds()
+        seconds = clock.seconds()  # waits for the step's last stage, so the one copy below waits for nothing
+        accepted, commits = torch.stack([acc.accept_lens, acc.commit_lens]).tolist()  # [bs] each, one copy
         self.width.observe(
             W, [a for a, s in zip(accepted, sampled) if not s], [a for a, s in zip(accepted, sampled) if s]
         )
         self._step_cost = (len(accepted), W, sum(seconds.values()), time.perf_counter())
         if self.metrics is not None:
-            self.metrics.record(acc.commit_lens.tolist(), seconds, W, self.width.last_rates)
+            self.metrics.record(commits, seconds, W, self.width.last_rates)
         nxt = make_draft_input_v2(bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens)
         return GenerationBatchResult(
             logits_output=logits_output,

@@ -16,7 +16,7 @@ import time
 import requests
 
 from sglang_dflash import env as dflash_env
-from sglang_dflash.cpu_serving import CPU_ENV, server_flags
+from sglang_dflash.cpu_serving import ServingDevice, cuda_visible, serving_device
 
 PY = sys.executable
 LOG_DIR = dflash_env.TEST_LOGS.get()
@@ -49,9 +49,19 @@ class Server:
         return requests.post(self.url + path, json=body, timeout=timeout)
 
 
-def server_cmd(model: str, draft: str | None, dtype: str, extra: list[str]) -> list[str]:
+def server_device(device: str | None = None) -> ServingDevice:
+    """The device a test server runs on: `device` ("cuda" or "cpu") if given, else this machine's
+    (a CUDA device visible -> cuda). The CPU mode keeps an 8192-token KV pool."""
+    if device not in (None, "cuda", "cpu"):
+        raise ValueError(f"device={device!r}: expected 'cuda', 'cpu' or None (this machine's)")
+    return serving_device(cuda_visible() if device is None else device == "cuda", max_total_tokens=8192)
+
+
+def server_cmd(
+    model: str, draft: str | None, dtype: str, extra: list[str], device: ServingDevice | None = None
+) -> list[str]:
     args = ["--model-path", model, "--dtype", dtype, "--host", "127.0.0.1", "--random-seed", "0", "--log-level", "info"]
-    for k, v in server_flags(max_total_tokens=8192).items():
+    for k, v in (device or server_device()).flags.items():
         if k not in extra:
             args += [k] if v is None else [k, v]
     if draft is None:
@@ -101,19 +111,20 @@ def launch(
     startup_timeout: float = 300,
     port: int | None = None,
     check_drafts: bool = True,
+    device: str | None = None,
 ):
     """check_drafts: a DFLASH server must end with drafted steps and no draft failure (unless the
-    test injects faults)."""
+    test injects faults). device: "cuda" or "cpu"; None: this machine's (server_device)."""
     os.makedirs(LOG_DIR, exist_ok=True)
     port = port or free_port()
     log_path = os.path.join(LOG_DIR, f"{name}-{port}.log")
-    full_env = {**os.environ, **CPU_ENV, **(env or {})}
+    dev = server_device(device)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            server_cmd(model, draft, dtype, list(extra)) + ["--port", str(port)],
+            server_cmd(model, draft, dtype, list(extra), dev) + ["--port", str(port)],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=full_env,
+            env=dev.environ(os.environ, env),
             start_new_session=True,
         )
     srv = Server(proc, f"http://127.0.0.1:{port}", log_path)
@@ -151,10 +162,10 @@ def stop(proc):
 
 def run_failing(model: str, draft: str, dtype="float32", extra=(), timeout=240):
     """Start a DFLASH server expected to fail at start-up; return (exit code, combined output)."""
-    port = free_port()
+    port, dev = free_port(), server_device()
     p = subprocess.run(
-        server_cmd(model, draft, dtype, list(extra)) + ["--port", str(port)],
-        env={**os.environ, **CPU_ENV},
+        server_cmd(model, draft, dtype, list(extra), dev) + ["--port", str(port)],
+        env=dev.environ(os.environ),
         capture_output=True,
         text=True,
         timeout=timeout,
