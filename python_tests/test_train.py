@@ -138,6 +138,12 @@ def test_tiny_overfit_and_export_round_trip(tmp_path):
     assert mask == cfg["dflash_config"]["mask_token_id"]
     assert abs(res["walk_tau_128"] - res["tau_train"]) < 0.35, res  # both walk the held-out answers
     assert 1.0 <= res["walk_tau"] <= 4.0 and 1.0 <= res["walk_tau_128"] <= 4.0, res
+    # the same weights cut to the 21 labels of the answers (+ nothing else): same argmax, same tau
+    cut = export.run(wd, target, str(tmp_path / "cut"), command="test", eval_anchors=40, draft_vocab=21)
+    assert load_file(str(tmp_path / "cut" / "model.safetensors"))["d2t"].shape == (21,)
+    assert [r["draft_vocab"] for r in cut["vocab_cut"]] == [384, 21] and cut["vocab_cut"][1]["coverage"] == 1.0
+    assert abs(cut["walk_tau_128"] - cut["vocab_cut"][1]["walk_tau_128"]) < 1e-3, cut  # reloaded with d2t
+    assert cut["walk_tau_128"] >= res["walk_tau_128"] - 1e-3, cut  # every label is kept: nothing lost
     assert "Reproduce" in (tmp_path / "drafter" / "README.md").read_text()
 
 

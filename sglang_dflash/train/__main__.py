@@ -59,7 +59,8 @@ def main(argv=None):
     ap.add_argument("--min-train-minutes", type=float, default=60.0, help="datagen/features leave this")
     ap.add_argument("--text-answer-tokens", type=int, default=320, help="corpus documents' assistant cut")
     ap.add_argument("--no-text", action="store_true", help="answers only (no corpus documents)")
-    ap.add_argument("--draft-vocab", type=int, default=0, help="reduced draft vocabulary size (0: full)")
+    ap.add_argument("--draft-vocab", type=int, default=0, help="train over a reduced draft vocabulary (0: full)")
+    ap.add_argument("--export-vocab", type=int, default=-1, help="export cut: -1 measured choice, 0 full, N")
     ap.add_argument("--threads", type=int, default=2, help="torch threads for features and training")
     ap.add_argument("--export-margin-minutes", type=float, default=4.0)
     ap.add_argument("--resume", action="store_true")
@@ -130,7 +131,7 @@ def main(argv=None):
     if a.stage in ("all", "export"):
         from sglang_dflash.train import export
 
-        export.run(a.workdir, a.model, a.out, command=cmd)
+        export.run(a.workdir, a.model, a.out, command=cmd, draft_vocab=a.export_vocab)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,17 @@ def data_stats(workdir: str) -> dict:
     return st
 
 
+def cut_text(rows: list[dict], n_vocab: int | None) -> str:
+    if not rows:
+        return f"{n_vocab or 'all'} tokens (not measured against other sizes in this run)."
+    parts = [f"{r['draft_vocab']} tokens: {r['walk_tau_128']:.3f} (label coverage {r['coverage']:.4f})" for r in rows]
+    kept = f"{n_vocab} kept" if n_vocab else "the full head kept"
+    return (
+        "the trained weights' held-out walk tau (first 128 tokens) with the argmax over the N most "
+        f"frequent training labels, {'; '.join(parts)}; the smallest N within 1% of the full head: {kept}."
+    )
+
+
 def plot_curve(history: list[dict], path: str) -> None:
     """Held-out walk tau against labelled training tokens: the slope says what more training buys."""
     import matplotlib
@@ -118,6 +129,8 @@ does: the next block after the accepted tokens + bonus): {walk:.3f} over whole a
 `sglang_dflash.model.loader`. The per-anchor average (every answer position weighted equally, which
 over-counts easy stretches): {tau_export:.3f} over {eval_n} anchors.
 
+Draft vocabulary: {cut}
+
 Learning curve (`learning_curve.png`: held-out walk tau over the first 128 tokens of {walk_seqs}
 answers, against labelled block tokens trained on): {history}
 
@@ -141,18 +154,33 @@ def run(
     eval_anchors: int = 600,
     seed: int = 0,
     max_new_tokens: int = 224,
+    draft_vocab: int = -1,
 ) -> dict:
-    from sglang_dflash.model.draft_vocab import ids_from_d2t
+    """draft_vocab: -1 chooses the reduced draft vocabulary by measured walk tau (vocab_cut.py), 0 keeps
+    the full head, N > 0 cuts to the N most frequent labels (a drafter trained reduced keeps its own)."""
+    from sglang_dflash.model.draft_vocab import d2t_from_ids, ids_from_d2t, most_frequent
+    from sglang_dflash.train import vocab_cut
     from sglang_dflash.train.blocks import eval_tau, sample_anchors, walk_tau
     from sglang_dflash.train.trainer import load_embedding, load_seqs
 
     ck = torch.load(os.path.join(workdir, "ckpt", "best.pt"), weights_only=False)
-    cfg = ck["config"]
-    write_checkpoint(out, cfg, ck["model"])
+    cfg, state = dict(ck["config"]), dict(ck["model"])
+    write_checkpoint(out, cfg, state)
     drafter, dcfg, mask = load_exported(out, model)
-    _, held = load_seqs(workdir)
+    train, held = load_seqs(workdir)
     eval_set = sample_anchors(held, eval_anchors, dcfg.block_size, torch.Generator().manual_seed(1234), spread=True)
     embed = load_embedding(model)
+    cut_rows = []
+    if draft_vocab and not dcfg.draft_vocab_size:
+        counts = vocab_cut.label_counts(train, embed.shape[0])
+        cands = vocab_cut.CANDIDATES if draft_vocab < 0 else (draft_vocab,)
+        n, ids, cut_rows = vocab_cut.choose(drafter, embed, mask, dcfg.block_size, held, counts, cands)
+        n, ids = (draft_vocab, most_frequent(counts, draft_vocab)) if draft_vocab > 0 else (n, ids)
+        if n:
+            cfg["draft_vocab_size"], state["d2t"] = n, d2t_from_ids(ids)
+            write_checkpoint(out, cfg, state)
+            drafter, dcfg, mask = load_exported(out, model)
+    del train
     dv = ids_from_d2t(drafter.d2t) if dcfg.draft_vocab_size else None
     tau = eval_tau(drafter, embed, mask, dcfg.block_size, eval_set, vocab=dv)
     walk = walk_tau(drafter, embed, mask, dcfg.block_size, held, vocab=dv)
@@ -190,6 +218,7 @@ def run(
         rate=f" ({summ['tok_s']:.0f} block tokens/s)" if summ.get("tok_s") else "",
         eval_n=sum(a.numel() for _, a in eval_set),
         vocab_note=f", reduced draft vocabulary of {n_vocab} tokens" if n_vocab else "",
+        cut=cut_text(cut_rows, n_vocab),
         head_note=f" (its rows of the {n_vocab} most frequent labels, the d2t mapping)" if n_vocab else "",
         text_docs=ds["text_docs"],
         text_tok=ds["text_tokens"],
@@ -214,6 +243,7 @@ def run(
         "tau_export": tau,
         "walk_tau": walk,
         "walk_tau_128": walk128,
+        "vocab_cut": cut_rows,
         **ds,
     }
     print("export:", json.dumps(res), file=sys.stderr)
