@@ -170,3 +170,36 @@ def test_tiny_reduced_vocab_training_and_export(tmp_path):
     assert torch.equal(loaded.d2t, saved["d2t"])
     assert abs(res["walk_tau_128"] - res["tau_train"]) < 0.35 and res["walk_tau_128"] > 1.5, res
     assert os.path.exists(tmp_path / "drafter" / "learning_curve.png")
+
+
+def test_features_take_answers_first_and_label_text_with_the_argmax(tmp_path):
+    """Answers (the target's own tokens) are featurized before text documents, and a text
+    document's labels are the target's argmax over its answer part (-100 before it)."""
+    torch.set_num_threads(1)
+    target = str(tiny_model_cache("llama", "float32"))
+    wd = _tiny_workdir(tmp_path)
+    g = torch.Generator().manual_seed(0)
+    with open(os.path.join(wd, "text.jsonl"), "w") as f:
+        for i in range(4):
+            ans = torch.randint(3, 300, (12,), generator=g).tolist()
+            row = {
+                "id": f"text-{i}",
+                "family": "text-code",
+                "split": "train",
+                "prompt_ids": [1, 9, 9],
+                "labels": "argmax",
+            }
+            f.write(json.dumps({**row, "answer_ids": ans}) + "\n")
+    features.run(wd, target, num_context_layers=1, shard_size=5, dtype=torch.float32)
+    shards = [torch.load(os.path.join(wd, "features", f"shard_{i:05d}.pt")) for i in range(4)]
+    order = [sid for s in shards for sid in s["ids"]]
+    assert order[:12] == [f"p{i}" for i in range(12)] and sorted(order[12:]) == [f"text-{i}" for i in range(4)]
+    train, _ = trainer.load_seqs(wd)
+    model = features.load_target(target, torch.float32)
+    for s in train:
+        if s.id.startswith("text-"):
+            with torch.no_grad():
+                want = model(input_ids=s.tokens[None]).logits[0].argmax(-1)
+            assert (s.labels[:3] == -100).all() and torch.equal(s.labels[3:], want[3:])
+        else:
+            assert torch.equal(s.labels[:-1], s.tokens[1:])

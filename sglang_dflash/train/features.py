@@ -135,30 +135,27 @@ def run(
             continue
         if not new or deadline and time.time() > deadline:
             break
-        for i in range(0, len(new), shard_size):
-            chunk = new[i : i + shard_size]
-            if following and len(chunk) < shard_size or deadline and time.time() > deadline:
-                break
-            out = [
-                sequence_features(
-                    target,
-                    torch.tensor(r["prompt_ids"] + r["answer_ids"]),
-                    ids,
-                    len(r["prompt_ids"]) if r.get("labels") == "argmax" else None,
-                )
-                for r in chunk
-            ]
-            feats = [f for f, _ in out]
-            write_shard(fdir, chunk, feats, [lab for _, lab in out])
-            done.update(r["id"] for r in chunk)
-            stats["sequences"] += len(chunk)
-            stats["tokens"] += sum(f.shape[0] for f in feats)
-            el = time.time() - t0
-            print(
-                f"features: {stats['sequences']} seqs, {stats['tokens']} tokens, {stats['tokens'] / el:.0f} tok/s",
-                file=sys.stderr,
-                flush=True,
+        chunk = new[:shard_size]  # then re-read: datagen's newest answers go before the text documents
+        out = [
+            sequence_features(
+                target,
+                torch.tensor(r["prompt_ids"] + r["answer_ids"]),
+                ids,
+                len(r["prompt_ids"]) if r.get("labels") == "argmax" else None,
             )
+            for r in chunk
+        ]
+        feats = [f for f, _ in out]
+        write_shard(fdir, chunk, feats, [lab for _, lab in out])
+        done.update(r["id"] for r in chunk)
+        stats["sequences"] += len(chunk)
+        stats["tokens"] += sum(f.shape[0] for f in feats)
+        el = time.time() - t0
+        print(
+            f"features: {stats['sequences']} seqs, {stats['tokens']} tokens, {stats['tokens'] / el:.0f} tok/s",
+            file=sys.stderr,
+            flush=True,
+        )
     stats["wall_s"] = round(time.time() - t0, 1)
     print("features:", json.dumps(stats), file=sys.stderr)
     return stats
