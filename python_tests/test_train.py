@@ -144,6 +144,14 @@ def test_tiny_overfit_and_export_round_trip(tmp_path):
     assert [r["draft_vocab"] for r in cut["vocab_cut"]] == [384, 21] and cut["vocab_cut"][1]["coverage"] == 1.0
     assert abs(cut["walk_tau_128"] - cut["vocab_cut"][1]["walk_tau_128"]) < 1e-3, cut  # reloaded with d2t
     assert cut["walk_tau_128"] >= res["walk_tau_128"] - 1e-3, cut  # every label is kept: nothing lost
+    # an already exported drafter cut afterwards (train cut): the same mapping, the card extended
+    from sglang_dflash.train import vocab_cut
+
+    again = vocab_cut.cut_checkpoint(str(tmp_path / "drafter"), wd, target, str(tmp_path / "cut2"), 21)
+    assert again["draft_vocab"] == 21 and again["rows"] == cut["vocab_cut"]
+    d2t = load_file(str(tmp_path / "cut2" / "model.safetensors"))["d2t"]
+    assert torch.equal(d2t, load_file(str(tmp_path / "cut" / "model.safetensors"))["d2t"])
+    assert "## Draft vocabulary (cut after training)" in (tmp_path / "cut2" / "README.md").read_text()
     assert "Reproduce" in (tmp_path / "drafter" / "README.md").read_text()
 
 

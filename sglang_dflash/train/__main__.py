@@ -2,6 +2,7 @@
 
 python -m sglang_dflash.train all --workdir /work/train_run --deadline 14:40
 python -m sglang_dflash.train {corpus,datagen,features,train,export} --workdir W [...]
+python -m sglang_dflash.train cut --drafter DIR --workdir W --out DIR2   (reduced draft vocabulary)
 
 Stages: corpus (text documents from this machine, corpus.py), datagen (the target's greedy answers to
 generated prompts), features (target features + labels, one prefill per sequence), train, export.
@@ -36,7 +37,7 @@ def parse_deadline(s: str | None) -> float | None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("stage", choices=["all", "corpus", "datagen", "features", "train", "export"])
+    ap.add_argument("stage", choices=["all", "corpus", "datagen", "features", "train", "export", "cut"])
     ap.add_argument("--workdir", default="/work/train_run")
     ap.add_argument("--model", default=None, help="target HF folder (default: the embedded SmolLM2)")
     ap.add_argument("--deadline", default=None, help="HH:MM UTC today; every stage respects it")
@@ -65,6 +66,7 @@ def main(argv=None):
     ap.add_argument("--export-margin-minutes", type=float, default=4.0)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--out", default=DRAFTER_DIR, help="export folder")
+    ap.add_argument("--drafter", default=DRAFTER_DIR, help="cut: the exported drafter to give a reduced vocabulary")
     a = ap.parse_args(argv)
     import torch
 
@@ -132,6 +134,10 @@ def main(argv=None):
         from sglang_dflash.train import export
 
         export.run(a.workdir, a.model, a.out, command=cmd, draft_vocab=a.export_vocab)
+    if a.stage == "cut":
+        from sglang_dflash.train import vocab_cut
+
+        vocab_cut.cut_checkpoint(a.drafter, a.workdir, a.model, a.out, a.export_vocab)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,8 @@ def cut_text(rows: list[dict], n_vocab: int | None) -> str:
     kept = f"{n_vocab} kept" if n_vocab else "the full head kept"
     return (
         "the trained weights' held-out walk tau (first 128 tokens) with the argmax over the N most "
-        f"frequent training labels, {'; '.join(parts)}; the smallest N within 1% of the full head: {kept}."
+        f"frequent training labels, {'; '.join(parts)}; the smallest N within 1% of the full head and "
+        f"covering >= 99% of the labels: {kept}."
     )
 
 

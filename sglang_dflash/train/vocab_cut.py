@@ -3,7 +3,9 @@ over the N most frequent training labels instead of all V tokens, held-out walk 
 
 The cut only shrinks the draft head's matmul (verify stays full-vocabulary, output unchanged); what it
 can cost is acceptance, when the target's next token is outside the N. The smallest N whose walk tau
-is within `tolerance` of the full head's is kept.
+is within `tolerance` of the full head's and whose N tokens cover at least `min_coverage` of the
+training labels is kept (the coverage floor guards prompts unlike the held-out split, where a
+token outside the N can never be drafted).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ def label_counts(train, vocab_size: int) -> torch.Tensor:
     return torch.bincount(torch.cat([_labels(s) for s in train]), minlength=vocab_size)
 
 
-def choose(drafter, embed, mask: int, block: int, held, counts, candidates=CANDIDATES, tolerance: float = 0.01):
+def choose(
+    drafter, embed, mask: int, block: int, held, counts, candidates=CANDIDATES, tolerance=0.01, min_coverage=0.99
+):
     """-> (N or 0 for the full head, ids [N] or None, rows [{"draft_vocab", "coverage", "walk_tau_128"}])."""
     full = walk_tau(drafter, embed, mask, block, held, max_answer=128)
     rows = [{"draft_vocab": embed.shape[0], "coverage": 1.0, "walk_tau_128": round(full, 4)}]
@@ -31,7 +35,48 @@ def choose(drafter, embed, mask: int, block: int, held, counts, candidates=CANDI
     for n in sorted(c for c in candidates if c < embed.shape[0]):
         ids = most_frequent(counts, n)
         tau = walk_tau(drafter, embed, mask, block, held, max_answer=128, vocab=ids)
-        rows.append({"draft_vocab": n, "coverage": round(coverage(counts, ids), 5), "walk_tau_128": round(tau, 4)})
-        if best[0] == 0 and tau >= full * (1 - tolerance):
+        cover = coverage(counts, ids)
+        rows.append({"draft_vocab": n, "coverage": round(cover, 5), "walk_tau_128": round(tau, 4)})
+        if best[0] == 0 and tau >= full * (1 - tolerance) and cover >= min_coverage:
             best = (n, ids)
     return best[0], best[1], rows
+
+
+def cut_checkpoint(drafter_dir: str, workdir: str, model: str, out: str, draft_vocab: int = -1) -> dict:
+    """An exported drafter folder -> the same weights with the measured (or given) reduced draft
+    vocabulary in `out` (config draft_vocab_size + d2t); the card gets the measured table appended.
+    Label counts come from `workdir`'s training labels, walk tau from its held-out answers."""
+    import json
+    import os
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from sglang_dflash.model.draft_vocab import d2t_from_ids
+    from sglang_dflash.train.export import cut_text, load_exported, write_checkpoint
+    from sglang_dflash.train.trainer import load_embedding, load_seqs
+
+    drafter, cfg, mask = load_exported(drafter_dir, model)
+    train, held = load_seqs(workdir)
+    embed = load_embedding(model)
+    counts = label_counts(train, embed.shape[0])
+    del train
+    cands = CANDIDATES if draft_vocab < 0 else (draft_vocab,)
+    n, ids, rows = choose(drafter, embed, mask, cfg.block_size, held, counts, cands)
+    if draft_vocab > 0:
+        n, ids = draft_vocab, most_frequent(counts, draft_vocab)
+    with open(os.path.join(drafter_dir, "config.json")) as f:
+        config = json.load(f)
+    state = load_file(os.path.join(drafter_dir, "model.safetensors"))
+    card = open(os.path.join(drafter_dir, "README.md")).read()
+    if n:
+        config["draft_vocab_size"], state["d2t"] = n, d2t_from_ids(ids)
+    write_checkpoint(out, config, state)
+    for extra in ("learning_curve.png",):
+        if os.path.exists(os.path.join(drafter_dir, extra)) and drafter_dir != out:
+            shutil.copy(os.path.join(drafter_dir, extra), out)
+    with open(os.path.join(out, "README.md"), "w") as f:
+        f.write(card.rstrip("\n") + f"\n\n## Draft vocabulary (cut after training)\n{cut_text(rows, n or None)}\n")
+    res = {"draft_vocab": n, "rows": rows, "heldout": len(held)}
+    print("vocab_cut:", json.dumps(res))
+    return res
