@@ -86,3 +86,12 @@ def test_a_grammar_backend_without_rollback_fails_at_startup(pair):
     target, drafter = pair("llama", "float32", None)
     code, out = run_failing(target, drafter, extra=["--grammar-backend", "outlines"])
     assert code != 0 and "--grammar-backend xgrammar" in out, out[-3000:]
+
+
+def test_a_failing_attention_warm_up_stops_the_server_at_startup(pair, monkeypatch):
+    """The drafter attention's start-up warm-up (FlashInfer on GPU, torch here) failing is a start-up
+    error through the real server, not a per-step fallback (fault injected)."""
+    target, drafter = pair("llama", "float32", None, block=4)
+    monkeypatch.setenv("SGLANG_DFLASH_DEBUG_FAIL_WARMUP", "1")
+    code, out = run_failing(target, drafter)
+    assert code != 0 and "failed its start-up warm-up" in out and "injected warm-up failure" in out, out[-3000:]

@@ -117,6 +117,9 @@ DEBUG_DUMP_DIR = EnvVar(
 DEBUG_FAIL_DRAFT_EVERY = EnvVar(
     "SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY", int, 0, "fault injection: every Nth draft step raises (0: never)"
 )
+DEBUG_FAIL_WARMUP = EnvVar(
+    "SGLANG_DFLASH_DEBUG_FAIL_WARMUP", bool, False, "fault injection: the drafter attention's start-up warm-up raises"
+)
 DEBUG_RANDOM_WIDTH = EnvVar(
     "SGLANG_DFLASH_DEBUG_RANDOM_WIDTH",
     int,

@@ -8,6 +8,8 @@ from types import SimpleNamespace
 
 import torch
 
+from sglang_dflash import env
+
 from sglang_dflash.model.config import DrafterConfig
 from sglang_dflash.pipeline.attention import TorchBlockAttention, slot_table
 from sglang_dflash.pipeline.context_kv import DraftKVCache
@@ -67,6 +69,8 @@ def warm_up_block_attention(cfg: DrafterConfig, block: int, cuda: bool, kv: Draf
     q = torch.randn(block, cfg.num_heads, cfg.head_dim, device=dev).to(dtype)  # [B, H, D]
     kb = torch.randn(block, cfg.num_kv_heads, cfg.head_dim, device=dev).to(dtype)  # [B, Hkv, D]
     try:
+        if env.DEBUG_FAIL_WARMUP.get():
+            raise RuntimeError(f"injected warm-up failure ({env.DEBUG_FAIL_WARMUP.name})")
         attend = attention(cfg, block, cuda, kv, req_to_token, batch, prefix, slots)
         outs = [attend(layer, q, kb, kb) for layer in range(cfg.num_layers)]
         bad = [i for i, o in enumerate(outs) if o.shape != q.shape or not bool(o.isfinite().all())]
@@ -77,8 +81,6 @@ def warm_up_block_attention(cfg: DrafterConfig, block: int, cuda: bool, kv: Draf
 
 
 def warm_up_error(cfg: DrafterConfig, block: int, dtype: torch.dtype, flashinfer: bool, e: Exception) -> str:
-    from sglang_dflash import env
-
     layout = (
         f"{cfg.num_heads} query / {cfg.num_kv_heads} KV heads, head_dim {cfg.head_dim}, {dtype} cache, block {block}"
     )
