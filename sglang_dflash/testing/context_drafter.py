@@ -114,7 +114,7 @@ def sequences(ref: Reference, prompts: list[list[int]], outputs: list[list[int]]
     for i, (p, o) in enumerate(zip(prompts, outputs)):
         tokens = torch.tensor(p + o)
         # clone: an inference-mode tensor cannot be saved for backward when training on it
-        seqs.append(Seq(f"s{i}", tokens, sequence_features(ref.target, tokens, ref.layer_ids).clone(), len(p)))
+        seqs.append(Seq(f"s{i}", tokens, sequence_features(ref.target, tokens, ref.layer_ids)[0].clone(), len(p)))
     return seqs
 
 
