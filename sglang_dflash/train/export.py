@@ -159,7 +159,7 @@ def run(
 ) -> dict:
     """draft_vocab: -1 chooses the reduced draft vocabulary by measured walk tau (vocab_cut.py), 0 keeps
     the full head, N > 0 cuts to the N most frequent labels (a drafter trained reduced keeps its own)."""
-    from sglang_dflash.model.draft_vocab import d2t_from_ids, ids_from_d2t, most_frequent
+    from sglang_dflash.model.draft_vocab import d2t_from_ids, ids_from_d2t
     from sglang_dflash.train import vocab_cut
     from sglang_dflash.train.blocks import eval_tau, sample_anchors, walk_tau
     from sglang_dflash.train.trainer import load_embedding, load_seqs
@@ -173,10 +173,7 @@ def run(
     embed = load_embedding(model)
     cut_rows = []
     if draft_vocab and not dcfg.draft_vocab_size:
-        counts = vocab_cut.label_counts(train, embed.shape[0])
-        cands = vocab_cut.CANDIDATES if draft_vocab < 0 else (draft_vocab,)
-        n, ids, cut_rows = vocab_cut.choose(drafter, embed, mask, dcfg.block_size, held, counts, cands)
-        n, ids = (draft_vocab, most_frequent(counts, draft_vocab)) if draft_vocab > 0 else (n, ids)
+        n, ids, cut_rows = vocab_cut.decide(drafter, embed, mask, dcfg.block_size, train, held, draft_vocab)
         if n:
             cfg["draft_vocab_size"], state["d2t"] = n, d2t_from_ids(ids)
             write_checkpoint(out, cfg, state)

@@ -42,6 +42,17 @@ def choose(
     return best[0], best[1], rows
 
 
+def decide(drafter, embed, mask: int, block: int, train, held, draft_vocab: int):
+    """draft_vocab -1: the measured choice over CANDIDATES; N > 0: the N most frequent labels (its tau
+    measured too) -> (N or 0 for the full head, ids [N] or None, measured rows)."""
+    counts = label_counts(train, embed.shape[0])
+    cands = CANDIDATES if draft_vocab < 0 else (draft_vocab,)
+    n, ids, rows = choose(drafter, embed, mask, block, held, counts, cands)
+    if draft_vocab > 0:
+        n, ids = draft_vocab, most_frequent(counts, draft_vocab)
+    return n, ids, rows
+
+
 def cut_checkpoint(drafter_dir: str, workdir: str, model: str, out: str, draft_vocab: int = -1) -> dict:
     """An exported drafter folder -> the same weights with the measured (or given) reduced draft
     vocabulary in `out` (config draft_vocab_size + d2t); the card gets the measured table appended.
@@ -59,12 +70,8 @@ def cut_checkpoint(drafter_dir: str, workdir: str, model: str, out: str, draft_v
     drafter, cfg, mask = load_exported(drafter_dir, model)
     train, held = load_seqs(workdir)
     embed = load_embedding(model)
-    counts = label_counts(train, embed.shape[0])
+    n, ids, rows = decide(drafter, embed, mask, cfg.block_size, train, held, draft_vocab)
     del train
-    cands = CANDIDATES if draft_vocab < 0 else (draft_vocab,)
-    n, ids, rows = choose(drafter, embed, mask, cfg.block_size, held, counts, cands)
-    if draft_vocab > 0:
-        n, ids = draft_vocab, most_frequent(counts, draft_vocab)
     with open(os.path.join(drafter_dir, "config.json")) as f:
         config = json.load(f)
     state = load_file(os.path.join(drafter_dir, "model.safetensors"))
