@@ -22,16 +22,18 @@ def linear_costs(sizes, widths, fixed=1.0, per_row=0.1, draft=0.5):
 
 
 def simulate(ctl, accept_p, bs=1, steps=400, seed=0):
-    """Run the controller against rows whose drafts are each accepted with probability accept_p;
+    """Run the controller against rows whose drafts are each accepted with probability accept_p
+    (a float, or a list: P(draft j accepted | drafts before it were) at index j - 1);
     -> tokens committed per second of (modelled) step time."""
     rng = random.Random(seed)
+    p_at = accept_p if isinstance(accept_p, list) else [accept_p] * 16
     tokens = seconds = 0.0
     for _ in range(steps):
         w = ctl.choose(bs)
         acc = []
         for _ in range(bs):
             a = 0
-            while a < w - 1 and rng.random() < accept_p:
+            while a < w - 1 and rng.random() < p_at[a]:
                 a += 1
             acc.append(a)
         ctl.observe(w, acc, [])
@@ -73,9 +75,19 @@ def test_counts_decay_to_a_recent_window():
     st = AcceptanceStats(8, half_life=4, prior_weight=1e-6)
     st.update([7] * 10, width=8)
     for _ in range(40):
-        st.age()
+        st.age(8)
         st.update([0] * 10, width=8)
     assert st.conditional()[1] < 0.01
+
+
+def test_a_narrow_width_keeps_what_a_wider_probe_measured():
+    st = AcceptanceStats(16, half_life=4, prior_weight=1e-6)
+    st.update([3] * 20 + [7] * 20, width=16)  # positions 4.. measured: half the rows stop at 4
+    a4 = st.conditional()[4]
+    for _ in range(100):
+        st.age(4)
+        st.update([3] * 10, width=4)
+    assert st.conditional()[4] == pytest.approx(a4)
 
 
 def test_cost_table_is_forced_monotone_and_interpolates():
@@ -107,6 +119,29 @@ def test_controller_settles_on_the_best_width(accept_p, bs):
     want, rate = best_width(accept_p, cost, bs)
     # within 7% of the best fixed width in hindsight, exploration and estimation noise included
     assert got >= 0.93 * rate(want), (accept_p, bs, got, want, rate(want), ctl.chosen)
+
+
+def test_depth_dependent_acceptance_settles_without_wasting_wide_steps():
+    """Acceptance like the shipped drafter's: fair for the first drafts, then collapsing. The
+    controller must not keep returning to a wider width whose extra positions it has measured
+    (neighbour smoothing is optimistic about positions it has not); only budgeted probes go wider."""
+    sizes = [1, 4, 16]
+    cost = CostTable(sizes, WIDTHS, linear_costs(sizes, WIDTHS, fixed=1.0, per_row=0.03, draft=0.1))
+    accept = [0.4, 0.6, 0.6, 0.5, 0.2] + [0.0] * 11
+    for bs in (1, 4):
+        ctl = WidthController(16, cost)
+        got = simulate(ctl, accept, bs=bs, steps=3000, seed=bs)
+
+        def rate(w):
+            e, run = 1.0, 1.0
+            for p in accept[: w - 1]:
+                run *= p
+                e += run
+            return bs * e / cost(bs, w)
+
+        best = max(WIDTHS, key=rate)
+        assert got >= 0.97 * rate(best), (bs, got, best, rate(best), ctl.chosen)
+        assert ctl.chosen[best] >= 0.85 * 3000, (bs, best, ctl.chosen)
 
 
 def test_width_one_probes_again_and_recovers():

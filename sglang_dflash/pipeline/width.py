@@ -13,8 +13,10 @@ tokens per request. The controller picks, before each step, the W of a small fix
   positions a narrow width does verify are accepted.
 - cost(bs, W) is the start-up profile (forced monotone in bs and W), corrected online by the ratio
   of observed to profiled step times per width.
-- While W = 1 nothing about acceptance is observed; a probe step at the best W > 1 runs every so
-  often, spaced so that a probe that accepts nothing costs at most `probe_budget` of the time.
+- A step only observes the positions it verifies; counts past its width age 8x slower, so what a
+  wider step measured is kept (not re-learnt by a wide step every few dozen steps). While W = 1
+  nothing is observed and all counts age; a probe step at the best W > 1 runs every so often,
+  spaced so that a probe that accepts nothing costs at most `probe_budget` of the time.
 """
 
 from __future__ import annotations
@@ -58,18 +60,30 @@ def load_width_config(path: str, block: int) -> dict:
 class AcceptanceStats:
     """Decaying per-position acceptance counts for one kind of row (greedy or sampled)."""
 
-    def __init__(self, block: int, half_life: float = 32.0, prior_mean: float = 0.6, prior_weight: float = 2.0):
+    def __init__(
+        self,
+        block: int,
+        half_life: float = 32.0,
+        prior_mean: float = 0.6,
+        prior_weight: float = 2.0,
+        unseen_slowdown: float = 8.0,
+    ):
         self.block = block
         self.decay = 0.5 ** (1.0 / half_life)
+        self.slow_decay = 0.5 ** (1.0 / (half_life * unseen_slowdown))
         self.prior = (prior_mean * prior_weight, prior_weight)
         self.reach = [0.0] * block  # [B] index j: rows whose draft j was verified (1..B-1; 0 unused)
         self.hits = [0.0] * block  # [B] index j: rows whose draft j was accepted
 
-    def age(self) -> None:
-        """One decode step passed (at any width): older evidence weighs less."""
+    def age(self, width: int) -> None:
+        """A step verified drafts 1..width-1: their older evidence weighs less. Positions it did not
+        verify age `unseen_slowdown` times slower, so a narrow width keeps what a wider probe
+        measured for a while (instead of drifting back to the neighbour's estimate within a few
+        dozen steps and paying for a wide step to learn it again) yet still forgets it eventually."""
         for j in range(1, self.block):
-            self.reach[j] *= self.decay
-            self.hits[j] *= self.decay
+            d = self.decay if j < width or width == 1 else self.slow_decay
+            self.reach[j] *= d
+            self.hits[j] *= d
 
     def update(self, accepted: Sequence[int], width: int) -> None:
         """accepted[i]: drafts accepted by row i in a step verified at `width` (0 .. width-1)."""
@@ -162,7 +176,7 @@ class WidthController:
         self.keys = sorted(self.widths_for_bs)
         self.accept = {False: AcceptanceStats(block), True: AcceptanceStats(block)}  # keyed by "sampled"
         self.rng = random.Random(debug_seed) if debug_seed is not None else None
-        self.steps_at_one = 0
+        self.since_probe = 0
         self.last_rates: dict = {}
         self.chosen: Counter = Counter()
 
@@ -204,30 +218,27 @@ class WidthController:
             return max(cands)
         rates = self.last_rates = self.rates(bs, n_sampled)
         best = max(cands, key=lambda w: (rates[w], -w))
-        if best != 1:
-            self.steps_at_one = 0
-            return best
         wider = [w for w in cands if w > 1]
-        if not wider:
-            return 1
-        self.steps_at_one += 1
+        if best != 1 or not wider:
+            self.since_probe = 0
+            return best
+        # W = 1 observes nothing: probe the most promising wider width now and then, spaced so that
+        # a probe that accepts nothing costs at most probe_budget of the time.
+        self.since_probe += 1
         probe = max(wider, key=lambda w: rates[w])
         plain = self.cost(bs, 1)
         interval = math.ceil((self.cost(bs, probe) - plain) / max(self.probe_budget * plain, 1e-12))
-        if self.steps_at_one >= min(max(interval, 8), 1000):
-            self.steps_at_one = 0
+        if self.since_probe >= min(max(interval, 8), 1000):
+            self.since_probe = 0
             return probe
         return 1
 
     def observe(self, width: int, accepted_greedy: Sequence[int], accepted_sampled: Sequence[int]) -> None:
         """After a step: drafts accepted per row, split by kind."""
-        for st in self.accept.values():
-            st.age()
-        if width > 1:
-            if accepted_greedy:
-                self.accept[False].update(accepted_greedy, width)
-            if accepted_sampled:
-                self.accept[True].update(accepted_sampled, width)
+        for sampled, accepted in ((False, accepted_greedy), (True, accepted_sampled)):
+            self.accept[sampled].age(width)
+            if accepted and width > 1:
+                self.accept[sampled].update(accepted, width)
 
     def observe_cost(self, bs: int, width: int, seconds: float) -> None:
         """A step's measured seconds, all in (the worker adds the scheduler's time up to the next step)."""
