@@ -182,7 +182,9 @@ def run(
         st = ck["state"]
         print(f"trainer: resumed at step {st['step']}", file=sys.stderr)
     end = deadline or (time.time() + 3600)
-    budget = max(end - st["start"], 1.0)
+    # The cosine runs over training seconds, so a resumed run continues it from where it stopped,
+    # stretched over the time left (not over wall time since the first start, which a pause eats).
+    budget = max(st["train_s"] + end - time.time(), 1.0)
     g = torch.Generator().manual_seed(seed + st["step"])
     eval_set = sample_anchors(held, eval_anchors, block_size, torch.Generator().manual_seed(1234), spread=True)
     weights = torch.exp(-torch.arange(block_size - 1, dtype=torch.float32) / gamma)  # [B-1]
@@ -235,7 +237,7 @@ def run(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         for grp in opt.param_groups:
-            grp["lr"] = lr * lr_factor(st["step"], (time.time() - st["start"]) / budget)
+            grp["lr"] = lr * lr_factor(st["step"], st["train_s"] / budget)
         opt.step()
         st["step"] += 1
         st["train_s"] += time.time() - ts
