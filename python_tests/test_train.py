@@ -211,3 +211,14 @@ def test_features_take_answers_first_and_label_text_with_the_argmax(tmp_path):
             assert (s.labels[:3] == -100).all() and torch.equal(s.labels[3:], want[3:])
         else:
             assert torch.equal(s.labels[:-1], s.tokens[1:])
+
+
+def test_deadline_is_the_next_such_time():
+    import datetime as dt
+
+    from sglang_dflash.train.__main__ import parse_deadline
+
+    now = dt.datetime(2026, 11, 30, 23, 50, tzinfo=dt.timezone.utc)
+    assert parse_deadline("01:15", now) - now.timestamp() == 85 * 60  # after midnight: tomorrow
+    assert parse_deadline("23:59", now) - now.timestamp() == 9 * 60
+    assert parse_deadline(None) is None

@@ -26,12 +26,15 @@ DRAFTER_DIR = os.path.join(
 )
 
 
-def parse_deadline(s: str | None) -> float | None:
+def parse_deadline(s: str | None, now: dt.datetime | None = None) -> float | None:
+    """HH:MM UTC -> the next such time (a run started at 23:50 with --deadline 01:15 ends tomorrow)."""
     if not s:
         return None
-    now = dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.timezone.utc)
     h, m = map(int, s.split(":"))
     t = now.replace(hour=h, minute=m, second=0, microsecond=0)
+    if t <= now:
+        t += dt.timedelta(days=1)
     return t.timestamp()
 
 
@@ -40,7 +43,7 @@ def main(argv=None):
     ap.add_argument("stage", choices=["all", "corpus", "datagen", "features", "train", "export", "cut"])
     ap.add_argument("--workdir", default="/work/train_run")
     ap.add_argument("--model", default=None, help="target HF folder (default: the embedded SmolLM2)")
-    ap.add_argument("--deadline", default=None, help="HH:MM UTC today; every stage respects it")
+    ap.add_argument("--deadline", default=None, help="HH:MM UTC (the next one to come); every stage respects it")
     ap.add_argument("--n", type=int, default=3000, help="prompts to generate answers for")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--datagen-minutes", type=float, default=25.0, help="datagen stops after this")
