@@ -6,10 +6,13 @@ CPU mode: tiny generated models (steered pair, mixed acceptance). GPU mode, two 
    target, drafts that depend on the context) in bfloat16 against plain decoding: token-identical
    but for near-ties (the bf16 rule of test_lossless.py), no failed draft step, tau > 1 asserted, so
    the FlashInfer drafting path must really have drafted and been accepted.
-2. throughput: random-weight (dummy) target shaped like Qwen3-8B and a 5-layer drafter at
-   concurrency 1, 8, 32, 64, none / ours / SGLang's built-in DFLASH. Dummy weights cannot be
-   steered, so tau there is what a random drafter gets (~1) for both DFLASH arms: it measures each
-   worker's overhead at equal (minimal) acceptance, not a speedup.
+2. throughput: random-weight (dummy) target shaped like Qwen3-8B and a 5-layer steered drafter at
+   concurrency 1, 8, 32, 64, none / ours / SGLang's built-in DFLASH, at two controlled
+   acceptances: "forced" (SGLANG_DFLASH_DEBUG_STEER steers the loaded target in place, srt/steer.py,
+   so every draft is accepted: the speedup's upper bound, ours vs built-in at equal acceptance) and
+   "random" (unsteered: tau ~ 1, each worker's overhead at minimal acceptance). Plain decoding runs
+   once, steered (its cost does not depend on which tokens it emits); the forced rows must be
+   token-identical to it (3 in 4 in bf16) with tau > 2.
 
 Measurement rules shared with the benches (bench/provenance.py): every arm gets the scheduler
 flags DFLASH forces (--no-match-sched: each arm's own defaults, recorded), the prefix cache is
@@ -30,6 +33,7 @@ ROOT = __file__.rsplit("/bench/", 1)[0]
 sys.path.insert(0, ROOT)
 
 import provenance  # noqa: E402
+from sglang_dflash import env as dflash_env  # noqa: E402
 from sglang_dflash.testing.servers import (  # noqa: E402
     assert_lossless,
     assert_speculated,
@@ -41,6 +45,7 @@ from sglang_dflash.testing.servers import (  # noqa: E402
 )
 
 BF16_TIE = 0.25  # top-2 logprob gap under which bf16 verify and decode may round apart (test_lossless.py)
+STEER = "100"  # SGLANG_DFLASH_DEBUG_STEER strength: the steer token's logit dwarfs every dummy one
 GPU_MAX_RUNNING = "64"  # concurrency 64 must not queue behind the DFLASH default of 48
 
 
@@ -97,22 +102,26 @@ def main():
     if gpu:
         from sglang_dflash.testing.qwen3_8b_shape import dummy_pair
 
-        target, drafter = dummy_pair(os.path.join(ROOT, "bench/results/qwen3-8b-dummy"))
+        target, drafter = dummy_pair(os.path.join(ROOT, "bench/results/qwen3-8b-dummy-steer"))
         dtype, extra, concs = "bfloat16", ["--load-format", "dummy"], [1, 8, 32, 64]
     else:
         target, drafter = pair("llama", "float32", MIXED["llama"])
         dtype, extra, concs = "float32", [], [1, 8]
     lossless = lossless_pass(a.device) if gpu else None
     batch, max_new = prompts(max(32, *concs), seed=1, max_len=200), 64
-    impls = [("none", None, {}), ("ours", drafter, {})]
+    impls = [("none", None, {}, None), ("ours", drafter, {}, None)]
     if gpu:
-        impls.append(("builtin", drafter, {"SGLANG_DFLASH_IMPL": "builtin"}))
+        steer, builtin_env = {dflash_env.DEBUG_STEER.name: STEER}, {dflash_env.IMPL.name: "builtin"}
+        impls = [("none", None, steer, "forced"), ("ours", drafter, steer, "forced")]
+        impls += [("builtin", drafter, {**steer, **builtin_env}, "forced"), ("ours", drafter, {}, "random")]
+        impls += [("builtin", drafter, builtin_env, "random")]
     rows, ref, arms = [], None, {}
-    for name, draft, env in impls:
+    for name, draft, env, acceptance in impls:
+        label = name if acceptance in (None, "forced") else f"{name}-{acceptance}"
         arm_extra = provenance.arm_extra(extra, a.match_sched)
         if gpu:  # the last --max-running-requests wins
             arm_extra += ["--max-running-requests", GPU_MAX_RUNNING]
-        arms[name] = {"argv": provenance.server_argv(target, draft, dtype, arm_extra), "env": env}
+        arms[label] = {"argv": provenance.server_argv(target, draft, dtype, arm_extra), "env": env}
         # SGLang's built-in worker has none of our /server_info draft counters to check at exit.
         with launch(
             target,
@@ -120,28 +129,31 @@ def main():
             dtype,
             extra=arm_extra,
             env=env,
-            name=f"e2e-{name}",
+            name=f"e2e-{label}",
             check_drafts=name != "builtin",
             device=a.device,
         ) as srv:
             outs = generate_all(srv, batch, max_new)
             ids = [o["output_ids"] for o in outs]
-            same = None if ref is None else sum(x == y for x, y in zip(ids, ref)) / len(ids)
+            # the random arms serve the unsteered target: plain's outputs are not theirs to match
+            same = None if ref is None or acceptance == "random" else sum(x == y for x, y in zip(ids, ref)) / len(ids)
             ref = ref or ids
             for c in concs:
                 r, _ = bench(srv, batch, c, max_new)
-                rows.append({"impl": name, "identical_to_plain": same, **r})
+                rows.append({"impl": name, "acceptance": acceptance, "identical_to_plain": same, **r})
     base = {r["concurrency"]: r["tok_s"] for r in rows if r["impl"] == "none"}
-    builtin = {r["concurrency"]: r["tok_s"] for r in rows if r["impl"] == "builtin"}
+    builtin = {(r["acceptance"], r["concurrency"]): r["tok_s"] for r in rows if r["impl"] == "builtin"}
     for r in rows:
         r["speedup"] = r["tok_s"] / base[r["concurrency"]]
         if r["impl"] == "ours" and builtin:
-            r["ours_over_builtin"] = r["tok_s"] / builtin[r["concurrency"]]
+            r["ours_over_builtin"] = r["tok_s"] / builtin[(r["acceptance"], r["concurrency"])]
     # float32 on CPU: identical. bf16 on GPU: verify and decode kernels round differently, so a
     # few sequences may part at near-ties (see test_lossless.py); require 3 in 4 to be identical.
     need = 1.0 if not gpu else 0.75
     ok = all(r["identical_to_plain"] is None or r["identical_to_plain"] >= need for r in rows if r["impl"] == "ours")
     ok = ok and (lossless is None or lossless["ok"])
+    forced = [r["tau"] for r in rows if r["impl"] == "ours" and r["acceptance"] == "forced"]
+    ok = ok and all(t is not None and t > 2 for t in forced)  # the steered drafts really were accepted
     report = {
         "tier": "e2e",
         "device": a.device,

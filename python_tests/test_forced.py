@@ -70,3 +70,49 @@ def test_adaptive_width_speculates_when_it_pays(pair):
     steps = sum(o["meta_info"]["spec_verify_ct"] for o in outs)
     assert tokens / steps > 10, (tokens / steps, state)
     assert state["width_mode"] == "adaptive" and int(max(state["width_steps"], key=int)) == 16, state
+
+
+def test_steer_module_controls_a_dummy_weight_target():
+    """The e2e check's controlled acceptance, without a server: SGLang's dummy load draws every
+    weight from U(-1e-3, 1e-3); steered in place, the target emits the drafter's token everywhere."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from sglang_dflash.srt.steer import steer_module
+
+    cfg = LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    for p in model.parameters():
+        torch.nn.init.uniform_(p, -1e-3, 1e-3)
+    ids = torch.randint(0, 256, (4, 12))
+
+    def greedy():
+        return model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)[:, 12:]
+
+    assert not (greedy() == STEER_TOKEN).all()  # unsteered: random weights agree with nothing
+    steer_module(model, 100.0, cfg.vocab_size)
+    assert (greedy() == STEER_TOKEN).all()
+    tied = LlamaForCausalLM(LlamaConfig(**{**cfg.to_dict(), "tie_word_embeddings": True}))
+    with pytest.raises(ValueError, match="untied"):
+        steer_module(tied, 100.0, cfg.vocab_size)
+
+
+@pytest.mark.server
+def test_steered_dummy_load_gives_full_acceptance(pair):
+    """SGLANG_DFLASH_DEBUG_STEER through the plugin's load hook: a --load-format dummy target (the
+    file's steering is not loaded) accepts every draft of the steered drafter, as the GPU e2e
+    check's Qwen3-8B-shaped dummy rows rely on."""
+    from sglang_dflash.testing.pairs import FORCED
+
+    target, drafter = pair("llama", "float32", FORCED)
+    env = {dflash_env.WIDTH.name: "8", dflash_env.DEBUG_STEER.name: "100"}
+    extra = ["--load-format", "dummy", "--speculative-num-draft-tokens", "16"]
+    with launch(target, drafter, "float32", name="dflash-steer-dummy", env=env, extra=extra) as srv:
+        outs = generate_all(srv, prompts(4, seed=7, max_len=48), max_new_tokens=25)
+    for o in outs:
+        assert o["output_ids"] == [STEER_TOKEN] * 25
+        assert o["meta_info"]["spec_verify_ct"] == 3  # 1 from the prefill + 3 steps of 8

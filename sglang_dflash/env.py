@@ -35,6 +35,11 @@ class EnvVar:
                 return int(raw)
             except ValueError:
                 raise ValueError(f"{self.name}={raw!r}: expected an integer") from None
+        if self.type is float:
+            try:
+                return float(raw)
+            except ValueError:
+                raise ValueError(f"{self.name}={raw!r}: expected a number") from None
         if self.choices is not None:
             raw = raw.lower()
             if raw not in self.choices:
@@ -119,6 +124,13 @@ DEBUG_FAIL_DRAFT_EVERY = EnvVar(
 )
 DEBUG_FAIL_WARMUP = EnvVar(
     "SGLANG_DFLASH_DEBUG_FAIL_WARMUP", bool, False, "fault injection: the drafter attention's start-up warm-up raises"
+)
+DEBUG_STEER = EnvVar(
+    "SGLANG_DFLASH_DEBUG_STEER",
+    float,
+    None,
+    "debug: steer every loaded target to propose the steered tiny drafter's token (value: strength; "
+    "controlled acceptance on dummy weights, bench/e2e_check.py)",
 )
 DEBUG_RANDOM_WIDTH = EnvVar(
     "SGLANG_DFLASH_DEBUG_RANDOM_WIDTH",

@@ -45,6 +45,14 @@ def register():
         hooks.add_dflash_state,
         HookType.AROUND,
     )
+    from sglang_dflash import env
+
+    if env.DEBUG_STEER.get() is not None:
+        from sglang_dflash.srt.steer import steer_after_load
+
+        HookRegistry.register(
+            "sglang.srt.model_executor.model_runner.ModelRunner.load_model", steer_after_load, HookType.AFTER
+        )
     HookRegistry.register(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
         fixes.reject_bad_prompt,

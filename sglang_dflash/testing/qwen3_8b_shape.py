@@ -1,5 +1,7 @@
 """A Qwen3-8B-shaped target config (weights loaded with --load-format dummy) and a random 5-layer
-drafter for it: the GPU end-to-end check's models (bench/e2e_check.py). Nothing is downloaded."""
+steered drafter for it (always proposes STEER_TOKEN): the GPU end-to-end check's models
+(bench/e2e_check.py). Its acceptance is controlled by SGLANG_DFLASH_DEBUG_STEER (srt/steer.py):
+unset, tau ~ 1; set, every draft is accepted. Nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -40,7 +42,12 @@ def dummy_pair(root: str) -> tuple[str, str]:
             json.dump(QWEN3_8B, f, indent=1)
         make_tokenizer(target)
         make_tiny_drafter(
-            os.path.join(tmp, "drafter"), target, block_size=16, num_layers=5, target_layer_ids=[1, 9, 17, 25, 33]
+            os.path.join(tmp, "drafter"),
+            target,
+            block_size=16,
+            num_layers=5,
+            target_layer_ids=[1, 9, 17, 25, 33],
+            steer=True,
         )
 
     build_once(root, build)
