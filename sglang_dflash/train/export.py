@@ -191,6 +191,7 @@ def run(
     ds = data_stats(workdir)
     st = ck["state"]
     history = st.get("history", summ.get("history", []))
+    history = list({h["step"]: h for h in history}.values())  # a resume re-evaluates its first step
     hist = ", ".join(f"{h.get('tokens', 0) / 1e6:.2f}M tokens (step {h['step']}): {h['tau']:.3f}" for h in history)
     plot_curve(history, os.path.join(out, "learning_curve.png"))
     n_vocab = dcfg.draft_vocab_size
