@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from sglang_dflash.testing.tiny_drafter import STEER_CHANNEL, STEER_TOKEN, STEER_VALUE
-
-WRITES_RESIDUAL = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+from sglang_dflash.testing.tiny_drafter import wire_steering
 
 
-@torch.no_grad()
 def steer_module(model: torch.nn.Module, strength: float, vocab_size: int) -> None:
     """In place on a Llama/Qwen-style causal LM (HF or SGLang parameter names, one TP rank)."""
     params = dict(model.named_parameters(remove_duplicate=False))  # a tied head keeps its own name
@@ -30,13 +27,7 @@ def steer_module(model: torch.nn.Module, strength: float, vocab_size: int) -> No
         raise ValueError("SGLANG_DFLASH_DEBUG_STEER needs an untied LM head (tie_word_embeddings: false)")
     if head.shape[0] < vocab_size:
         raise ValueError("SGLANG_DFLASH_DEBUG_STEER: the LM head is split across TP ranks; steer with --tp 1")
-    embed[:, STEER_CHANNEL] = STEER_VALUE  # the channel every position carries ...
-    for name, p in params.items():
-        if name.endswith(WRITES_RESIDUAL):
-            p[STEER_CHANNEL] = 0  # ... that no layer writes into ...
-    params["model.norm.weight"][STEER_CHANNEL] = 1.0  # ... survives the final norm (dummy norms are ~1e-3) ...
-    head[:, STEER_CHANNEL] = 0
-    head[STEER_TOKEN, STEER_CHANNEL] = strength  # ... and is read by the steer token's logit only
+    wire_steering(params, head, strength)
 
 
 def steer_after_load(result, runner):

@@ -131,6 +131,21 @@ def _dflash2_weights(d2: dict, h: int, vocab: int, num_layers: int, rnd) -> dict
     return w
 
 
+WRITES_RESIDUAL = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+
+
+@torch.no_grad()
+def wire_steering(weights: dict, head: torch.Tensor, strength: float) -> None:
+    """In place on a Llama/Qwen-style target's weights by HF/SGLang name; head: its (untied) LM head."""
+    weights["model.embed_tokens.weight"][:, STEER_CHANNEL] = STEER_VALUE  # the channel every position carries ...
+    for name, p in weights.items():
+        if name.endswith(WRITES_RESIDUAL):
+            p[STEER_CHANNEL] = 0  # ... that no layer writes into ...
+    weights["model.norm.weight"][STEER_CHANNEL] = 1.0  # ... survives the final norm (dummy norms are ~1e-3) ...
+    head[:, STEER_CHANNEL] = 0
+    head[STEER_TOKEN, STEER_CHANNEL] = strength  # ... and is read by the steer token's logit only
+
+
 def steer_target(src: str, dst: str, strength: float) -> str:
     """Copy HF checkpoint `src` to `dst` with the steering channel wired in (untied LM head)."""
     import shutil
@@ -138,14 +153,8 @@ def steer_target(src: str, dst: str, strength: float) -> str:
     shutil.copytree(src, dst, dirs_exist_ok=True)
     f = os.path.join(dst, "model.safetensors")
     w = load_file(f)
-    w["model.embed_tokens.weight"][:, STEER_CHANNEL] = STEER_VALUE
-    for k in list(w):
-        if k.endswith("self_attn.o_proj.weight") or k.endswith("mlp.down_proj.weight"):
-            w[k][STEER_CHANNEL] = 0
-    head = w.get("lm_head.weight", w["model.embed_tokens.weight"]).clone()
-    head[:, STEER_CHANNEL] = 0
-    head[STEER_TOKEN, STEER_CHANNEL] = strength
-    w["lm_head.weight"] = head
+    w["lm_head.weight"] = w.get("lm_head.weight", w["model.embed_tokens.weight"]).clone()
+    wire_steering(w, w["lm_head.weight"], strength)
     save_file({k: v.contiguous() for k, v in w.items()}, f)
     cfg_f = os.path.join(dst, "config.json")
     with open(cfg_f) as fh:
