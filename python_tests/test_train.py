@@ -211,6 +211,12 @@ def test_features_take_answers_first_and_label_text_with_the_argmax(tmp_path):
             assert (s.labels[:3] == -100).all() and torch.equal(s.labels[3:], want[3:])
         else:
             assert torch.equal(s.labels[:-1], s.tokens[1:])
+    # --no-text trains on the answers alone (the label-source comparison's answers-only arm)
+    kw = dict(num_layers=1, block_size=4, steps=2, anchors=2, seqs=2, ckpt_minutes=100, eval_anchors=8, command="t")
+    for no_text, want in ((False, len(train)), (True, sum(not s.id.startswith("text-") for s in train))):
+        trainer.run(wd, target, resume=False, no_text=no_text, **kw)
+        with open(os.path.join(wd, "train_summary.json")) as f:
+            assert json.load(f)["train_seqs"] == want == (len(train) - 4 if no_text else len(train))
 
 
 def test_deadline_is_the_next_such_time():

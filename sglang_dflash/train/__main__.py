@@ -62,7 +62,7 @@ def main(argv=None):
     ap.add_argument("--features-minutes", type=float, default=30.0, help="features stop after this")
     ap.add_argument("--min-train-minutes", type=float, default=60.0, help="datagen/features leave this")
     ap.add_argument("--text-answer-tokens", type=int, default=320, help="corpus documents' assistant cut")
-    ap.add_argument("--no-text", action="store_true", help="answers only (no corpus documents)")
+    ap.add_argument("--no-text", action="store_true", help="answers only (no corpus, no documents)")
     ap.add_argument("--draft-vocab", type=int, default=0, help="train over a reduced draft vocabulary (0: full)")
     ap.add_argument("--export-vocab", type=int, default=-1, help="export cut: -1 measured choice, 0 full, N")
     ap.add_argument("--threads", type=int, default=2, help="torch threads for features and training")
@@ -132,6 +132,7 @@ def main(argv=None):
             draft_vocab=a.draft_vocab,
             resume=a.resume or a.stage == "all",
             command=cmd,
+            no_text=a.no_text,
         )
     if a.stage in ("all", "export"):
         from sglang_dflash.train import export

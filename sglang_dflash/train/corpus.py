@@ -23,6 +23,7 @@ import random
 import sysconfig
 
 DOC_ROOT = "/usr/share/doc"
+ID_PREFIX = "text-"  # a corpus document's id (datagen answers are "p<N>")
 
 
 def _stdlib_files() -> list[str]:
@@ -106,7 +107,7 @@ def documents(seed: int = 0) -> list[dict]:
             continue
         seen.add(h)
         msgs = [{"role": "user", "content": user}, {"role": "assistant", "content": ans}]
-        out.append({"id": f"text-{h}", "family": f"text-{fam}", "split": "train", "messages": msgs})
+        out.append({"id": f"{ID_PREFIX}{h}", "family": f"text-{fam}", "split": "train", "messages": msgs})
     random.Random(seed).shuffle(out)
     return out
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from sglang_dflash.model.config import parse_drafter_config
 from sglang_dflash.model.drafter import DFlashDrafter
 from sglang_dflash.model.draft_vocab import coverage, d2t_from_ids, most_frequent
+from sglang_dflash.train.corpus import ID_PREFIX
 from sglang_dflash.train.blocks import Seq, block_hidden, eval_tau, sample_anchors, walk_tau
 
 
@@ -126,6 +127,7 @@ def run(
     negatives: int = 8192,
     draft_vocab: int = 0,
     walk_seqs: int = 40,
+    no_text: bool = False,
 ) -> dict:
     """Train until `steps` or `deadline` (epoch s), checkpointing every ckpt_minutes (held-out tau each
     time; best.pt keeps the best). anchors per sequence x seqs sequences per step. On SmolLM2, moving
@@ -147,6 +149,8 @@ def run(
         tcfg = json.load(f)
     train, held = load_seqs(workdir)
     train = [s for s in train if s.tokens.shape[0] - s.answer_start >= 2]
+    if no_text:  # answers only: the corpus documents' features stay on disk, unused
+        train = [s for s in train if not s.id.startswith(ID_PREFIX)]
     counts = torch.bincount(torch.cat([_labels(s) for s in train]), minlength=tcfg["vocab_size"])
     cdict = drafter_config_dict(tcfg, num_layers, block_size, layer_ids, mask_token_id_for(model))
     dv = most_frequent(counts, draft_vocab) if draft_vocab else None  # [N] token ids the drafter scores
@@ -272,6 +276,7 @@ def run(
                 "heldout_seqs": len(held),
                 "gamma": gamma,
                 "draft_vocab": draft_vocab,
+                "no_text": no_text,
                 "walk_seqs": min(walk_seqs, len(held)),
                 "label_coverage": coverage(counts, vocab),
                 "threads": torch.get_num_threads(),
