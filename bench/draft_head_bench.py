@@ -91,13 +91,7 @@ def main():
             row.update(head_ms=round(head, 2), vs_first=round(draft / full, 3), **prov)
             rows.append(row)
             print(json.dumps({k: row[k] for k in ("bs", "draft_vocab", "draft_ms", "head_ms", "vs_first")}))
-    kept = []
-    if os.path.exists(OUT):
-        with open(OUT) as f:
-            kept = [r for r in map(json.loads, f) if r.get("commit") != prov.get("commit")]
-    with open(OUT, "w") as f:
-        for r in kept + rows:
-            f.write(json.dumps(r) + "\n")
+    provenance.replace_rows(OUT, rows, prov)
 
 
 if __name__ == "__main__":

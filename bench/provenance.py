@@ -22,6 +22,7 @@ serve_bench, e2e_check, ops_bench), so two rows are comparable only when these f
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -59,6 +60,17 @@ def git_state() -> dict:
 def stamp() -> dict:
     """Provenance captured once, at the START of a run (before it writes any result file)."""
     return {**git_state(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": sys.executable}
+
+
+def replace_rows(path: str, rows: list[dict], prov: dict) -> None:
+    """JSONL at path: earlier commits' rows kept, this commit's replaced by rows (a rerun overwrites)."""
+    kept = []
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = [r for r in map(json.loads, f) if r.get("commit") != prov.get("commit")]
+    with open(path, "w") as f:
+        for r in kept + rows:
+            f.write(json.dumps(r) + "\n")
 
 
 def add_method_args(ap) -> None:

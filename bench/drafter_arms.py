@@ -1,0 +1,177 @@
+"""Drafter training arms compared (issue 14): data sources and sizing by tau per second of step.
+
+For each candidate drafter (a training checkpoint `WORKDIR/ckpt/best.pt` or an exported folder):
+- its training (checkpoints: WORKDIR/train_summary.json): steps, seconds, labelled tokens,
+  block tokens/s, answers only or not, and the learning curve (held-out walk tau vs tokens);
+- tau_W: the held-out walk (blocks.walk_counts: the serving-equivalent greedy walk, each block
+  drafted whole, its first W rows verified) over the first 128 tokens of every held-out answer;
+- draft_ms_W: the draft stage (pipeline/draft.propose, the drafter's shape with an 8,192-token head
+  as shipped; random weights, timing does not depend on them) at batch 1, one thread, bf16;
+- verify_ms_W and other_ms_W (sample + KV write) per step, and plain decoding's ITL, measured by the
+  server in one `real_bench.py` run at concurrency 1 (its fixed-width rows; --costs).
+predicted speedup_W = tau_W * plain ITL / (verify_ms_W + draft_ms_W + other_ms_W), best over W.
+The served speedup also pays prefill and scheduling (about 3% at concurrency 1): rank by this,
+confirm the chosen drafter with real_bench.py.
+
+    OMP_NUM_THREADS=1 python bench/drafter_arms.py --workdir /work/train6 /work/unseen NAME=PATH [NAME=PATH ...]
+
+Writes bench/results/drafter_arms.jsonl (rows of this commit replaced) and drafter_arms.png (the
+checkpoints' learning curves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import provenance  # noqa: E402
+
+from sglang_dflash.embedded import derive  # noqa: E402
+from sglang_dflash.model.config import parse_drafter_config  # noqa: E402
+from sglang_dflash.model.draft_vocab import d2t_from_ids, ids_from_d2t  # noqa: E402
+from sglang_dflash.model.drafter import DFlashDrafter  # noqa: E402
+from sglang_dflash.pipeline.attention import TorchBlockAttention  # noqa: E402
+from sglang_dflash.pipeline.context_kv import DraftKVCache  # noqa: E402
+from sglang_dflash.pipeline.draft import propose  # noqa: E402
+from sglang_dflash.train.blocks import walk_counts  # noqa: E402
+from sglang_dflash.train.export import load_exported  # noqa: E402
+from sglang_dflash.train.trainer import load_embedding, load_seqs  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(__file__), "results")
+SERVED_VOCAB = 8192  # the shipped drafter's measured cut (README, drafter card)
+
+
+def load(path: str, model: str):
+    """-> (drafter, cfg, mask token id, draft vocab ids or None) from a checkpoint or exported folder."""
+    if os.path.isdir(path):
+        d, cfg, mask = load_exported(path, model)
+        return d, cfg, mask, ids_from_d2t(d.d2t) if cfg.draft_vocab_size else None
+    ck = torch.load(path, weights_only=False)
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = parse_drafter_config(ck["config"], json.load(f)["num_hidden_layers"])
+    d = DFlashDrafter(cfg)
+    d.load_state_dict(ck["model"])
+    return d.eval(), cfg, cfg.mask_token_id, ids_from_d2t(d.d2t) if cfg.draft_vocab_size else None
+
+
+def training(path: str) -> dict:
+    """A checkpoint's run (WORKDIR/train_summary.json), {} for an exported folder."""
+    summary = os.path.join(os.path.dirname(os.path.dirname(path)), "train_summary.json")
+    if os.path.isdir(path) or not os.path.exists(summary):
+        return {}
+    with open(summary) as f:
+        s = json.load(f)
+    keep = ("steps", "train_s", "tok_s", "no_text", "train_seqs", "best_tau")
+    curve = [{k: h[k] for k in ("tokens", "train_s", "tau")} for h in s["history"]]
+    return {**{k: s.get(k) for k in keep}, "tokens": curve[-1]["tokens"] if curve else 0, "curve": curve}
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for r in rows:
+        if r["training"].get("curve"):
+            c = r["training"]["curve"]
+            ax.plot([h["train_s"] / 60 for h in c], [h["tau"] for h in c], marker="o", label=r["name"])
+    ax.set_xlabel("training minutes (two threads)")
+    ax.set_ylabel("held-out walk tau (first 128 tokens)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def costs(path: str) -> dict:
+    """Per-step ms at concurrency 1 T0 from the real_bench run with the most fixed-width rows (the
+    newest of those): {"itl_plain": ms, W: (verify_ms, other_ms)}."""
+    with open(path) as f:
+        rows = [r for r in map(json.loads, f) if r["concurrency"] == 1 and r["temperature"] == 0]
+    fixed = [r["commit"] for r in rows if r["config"].startswith("fixed")]
+    commit = max(reversed(fixed), key=fixed.count)
+    rows = [r for r in rows if r["commit"] == commit]
+    out = {"commit": commit, "itl_plain": 1e3 * next(r["itl_p50"] for r in rows if r["config"] == "plain")}
+    for r in rows:
+        if r["config"].startswith("fixed"):
+            w = int(r["config"][5:])
+            steps, st = r["width_steps"][str(w)], r["stage_s"]
+            out[w] = (1e3 * st["verify"] / steps, 1e3 * (st["sample"] + st["kv_write"]) / steps)
+    return out
+
+
+@torch.inference_mode()
+def draft_ms(cfg, embed: torch.Tensor, width: int, ctx: int = 256, repeats: int = 15) -> float:
+    d = DFlashDrafter(cfg).to(torch.bfloat16).eval()
+    d.register_buffer("d2t", d2t_from_ids(torch.arange(SERVED_VOCAB)))
+    head = embed[:SERVED_VOCAB].contiguous()
+    B = cfg.block_size
+    cache = DraftKVCache(cfg.num_layers, ctx + B, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, "cpu")
+    cache.k.normal_()
+    cache.v.normal_()
+    slots = torch.arange(ctx + B).view(1, ctx + B)
+    attend = TorchBlockAttention(cache.k, cache.v, list(slots), slots[:, ctx:].reshape(-1), cfg.head_dim**-0.5)
+    block, pos = torch.full((1, B), cfg.mask_token_id), torch.arange(ctx, ctx + B)[None]
+    run = lambda: propose(d, attend, lambda t: embed[t], lambda h: h @ head.t(), block, pos, width=width)  # noqa: E731
+    times, threads = [], torch.get_num_threads()
+    torch.set_num_threads(1)  # as the c=1 costs were measured (one server thread)
+    for i in range(repeats + 3):
+        t0 = time.perf_counter()
+        run()
+        if i >= 3:
+            times.append((time.perf_counter() - t0) * 1e3)
+    torch.set_num_threads(threads)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("candidates", nargs="+", help="NAME=PATH (ckpt .pt or exported folder)")
+    ap.add_argument("--workdir", nargs="+", required=True, help="held-out sets: workdirs whose features hold them")
+    ap.add_argument("--costs", default=os.path.join(RESULTS, "c1_widths.jsonl"))
+    ap.add_argument("--max-answer", type=int, default=128)
+    a = ap.parse_args()
+    torch.set_num_threads(2)  # the walks; draft_ms times on one
+    model, prov, cost = derive(), provenance.stamp(), costs(a.costs)
+    sets = {w: load_seqs(w)[1] for w in a.workdir}
+    embed = load_embedding(model)
+    rows = []
+    for cand in a.candidates:
+        name, path = cand.split("=", 1)
+        d, cfg, mask, dv = load(path, model)
+        dms = {w: draft_ms(cfg, embed, w) for w in cost if isinstance(w, int) and w <= cfg.block_size}
+        for wd, held in sets.items():
+            row = {"name": name, "path": path, "layers": cfg.num_layers, "block": cfg.block_size}
+            row.update(heldout_set=wd, heldout=len(held), max_answer=a.max_answer, costs_commit=cost["commit"])
+            row.update(training=training(path), widths={})
+            for w, dm in dms.items():
+                counts = walk_counts(d, embed, mask, cfg.block_size, held, a.max_answer, widths=[w], vocab=dv)
+                tau = sum(t for t, _ in counts) / max(sum(b for _, b in counts), 1)
+                verify, other = cost[w]
+                speed = tau * cost["itl_plain"] / (verify + dm + other)
+                row["widths"][w] = {"tau": round(tau, 3), "draft_ms": round(dm, 2), "verify_ms": round(verify, 1)}
+                row["widths"][w].update(other_ms=round(other, 1), predicted_speedup=round(speed, 3))
+            best = max(row["widths"].items(), key=lambda kv: kv[1]["predicted_speedup"])
+            row.update(best_width=best[0], predicted_speedup=best[1]["predicted_speedup"], **prov)
+            rows.append(row)
+            keys = ("name", "heldout_set", "layers", "block", "best_width", "predicted_speedup", "widths")
+            print(json.dumps({k: row[k] for k in keys}), flush=True)
+        brief = {k: v for k, v in rows[-1]["training"].items() if k != "curve"}
+        print("  training:", json.dumps(brief), flush=True)
+    plot([r for r in rows if r["heldout_set"] == a.workdir[0]], os.path.join(RESULTS, "drafter_arms.png"))
+    out = os.path.join(RESULTS, "drafter_arms.jsonl")
+    provenance.replace_rows(out, rows, prov)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""A held-out set from documents a training run never saw: the target's own greedy answers to the
+prompts of corpus documents (sglang_dflash/train/corpus.py: "implement this standard-library
+function", "continue this text") that the run's features stage did not reach. The split of
+`train/prompts.py` measures templated prompts like the training ones; this one measures how a
+drafter does on prompts unlike its templates (issue 14: the shipped drafter generalised poorly).
+
+    python bench/unseen_set.py --from /work/train6 --out /work/unseen [--per-family 24]
+
+Writes OUT/data.jsonl (datagen's row format, every row split "heldout") and OUT/features/ (the
+features stage), so bench/drafter_arms.py --workdir OUT measures walk tau on it. Resumable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+from sglang_dflash.embedded import derive
+from sglang_dflash.resumable_jsonl import append_rows, done_ids, read_rows
+from sglang_dflash.train import datagen, features
+
+
+def pick(src: str, per_family: int, seed: int = 0) -> list[dict]:
+    """per_family corpus rows of each family whose ids src's features never took (so no training
+    run on src has seen them); deterministic."""
+    seen = features.done_ids(os.path.join(src, "features"))
+    rows = [r for r in read_rows(os.path.join(src, "text.jsonl")) if r["id"] not in seen]
+    out = []
+    for fam in sorted({r["family"] for r in rows}):
+        mine = [r for r in rows if r["family"] == fam]
+        out += random.Random(seed).sample(mine, min(per_family, len(mine)))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--from", dest="src", required=True, help="a training workdir (text.jsonl, features/)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--per-family", type=int, default=24)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    model, path = derive(), os.path.join(a.out, "data.jsonl")
+    done = done_ids(path)
+    todo = [r for r in pick(a.src, a.per_family) if "unseen-" + r["id"] not in done]
+    if todo:
+        eng = datagen.make_engine(model, "bfloat16", 32768)
+        t0 = time.time()
+        res = eng.generate(
+            input_ids=[r["prompt_ids"] for r in todo],
+            sampling_params={"max_new_tokens": a.max_new_tokens, "temperature": 0},
+        )
+        eng.shutdown()
+        with append_rows(path) as put:
+            for r, o in zip(todo, res):
+                put({"id": "unseen-" + r["id"], "family": r["family"], "split": "heldout",
+                     "prompt_ids": r["prompt_ids"], "answer_ids": list(o["output_ids"])})  # fmt: skip
+        n = sum(len(o["output_ids"]) for o in res)
+        print(f"unseen: {len(todo)} answers, {n} tokens, {n / (time.time() - t0):.1f} tok/s", file=sys.stderr)
+    st = features.run(a.out, model)
+    print("unseen features:", json.dumps(st), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
