@@ -13,7 +13,7 @@ predicted speedup_W = tau_W * plain ITL / (verify_ms_W + draft_ms_W + other_ms_W
 The served speedup also pays prefill and scheduling (about 3% at concurrency 1): rank by this,
 confirm the chosen drafter with real_bench.py.
 
-    OMP_NUM_THREADS=1 python bench/drafter_arms.py --workdir /work/train6 /work/unseen NAME=PATH [NAME=PATH ...]
+    OMP_NUM_THREADS=1 python bench/drafter_arms.py --workdir /work/train6 /work/unseen -- NAME=PATH [NAME=PATH ...]
 
 Writes bench/results/drafter_arms.jsonl (rows of this commit replaced) and drafter_arms.png (the
 checkpoints' learning curves).
