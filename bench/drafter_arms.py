@@ -168,9 +168,11 @@ def main():
             print(json.dumps({k: row[k] for k in keys}), flush=True)
         brief = {k: v for k, v in rows[-1]["training"].items() if k != "curve"}
         print("  training:", json.dumps(brief), flush=True)
-    plot([r for r in rows if r["heldout_set"] == a.workdir[0]], os.path.join(RESULTS, "drafter_arms.png"))
     out = os.path.join(RESULTS, "drafter_arms.jsonl")
     provenance.replace_rows(out, rows, prov)
+    with open(out) as f:  # every arm measured so far on the first set (the newest row per name)
+        latest = {r["name"]: r for r in map(json.loads, f) if r["heldout_set"] == a.workdir[0]}
+    plot(list(latest.values()), os.path.join(RESULTS, "drafter_arms.png"))
 
 
 if __name__ == "__main__":
