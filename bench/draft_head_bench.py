@@ -41,6 +41,20 @@ def timed(fn) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def draft_call(drafter, cfg, embed: torch.Tensor, head: torch.Tensor, bs: int, ctx: int, width=None):
+    """-> a no-argument call of the draft stage (draft.propose) at batch bs over a random context
+    KV of ctx tokens; embed [V, H] the target's embedding, head [N, H] the LM head rows scored."""
+    B = cfg.block_size
+    cache = DraftKVCache(cfg.num_layers, bs * (ctx + B), cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, "cpu")
+    cache.k.normal_()
+    cache.v.normal_()
+    slots = torch.arange(bs * (ctx + B)).view(bs, ctx + B)
+    attend = TorchBlockAttention(cache.k, cache.v, list(slots), slots[:, ctx:].reshape(-1), cfg.head_dim**-0.5)
+    block = torch.full((bs, B), cfg.mask_token_id)
+    pos = torch.arange(ctx, ctx + B).repeat(bs, 1)
+    return lambda: propose(drafter, attend, lambda t: embed[t], lambda h: h @ head.t(), block, pos, width=width)
+
+
 @torch.inference_mode()
 def setup(bs: int, ctx: int, vocab: int):
     cfg = load_drafter_config(DRAFTER_DIR, 30)
@@ -49,19 +63,9 @@ def setup(bs: int, ctx: int, vocab: int):
     if vocab:  # any N ids time the same: the cut is a smaller matmul
         drafter.register_buffer("d2t", d2t_from_ids(torch.arange(vocab)))
         head = head[:vocab].contiguous()
-    B = cfg.block_size
-    cache = DraftKVCache(cfg.num_layers, bs * (ctx + B), cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, "cpu")
-    cache.k.normal_()
-    cache.v.normal_()
-    slots = torch.arange(bs * (ctx + B)).view(bs, ctx + B)
-    attend = TorchBlockAttention(cache.k, cache.v, list(slots), slots[:, ctx:].reshape(-1), cfg.head_dim**-0.5)
     embed = load_target_tensor(derive(), ("model.embed_tokens.weight", "lm_head.weight"))
-    block = torch.full((bs, B), 16)
-    pos = torch.arange(ctx, ctx + B).repeat(bs, 1)
-    logits = lambda h: h @ head.t()  # noqa: E731
-    run = lambda: propose(drafter, attend, lambda t: embed[t], logits, block, pos)  # noqa: E731
-    rows = torch.randn(bs * (B - 1), cfg.hidden_size, dtype=torch.bfloat16)
-    return run, lambda: logits(rows)
+    rows = torch.randn(bs * (cfg.block_size - 1), cfg.hidden_size, dtype=torch.bfloat16)
+    return draft_call(drafter, cfg, embed, head, bs, ctx), lambda: rows @ head.t()
 
 
 def main():

@@ -32,14 +32,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import provenance  # noqa: E402
+from draft_head_bench import draft_call  # noqa: E402
 
 from sglang_dflash.embedded import derive  # noqa: E402
 from sglang_dflash.model.config import parse_drafter_config  # noqa: E402
 from sglang_dflash.model.draft_vocab import d2t_from_ids, ids_from_d2t  # noqa: E402
 from sglang_dflash.model.drafter import DFlashDrafter  # noqa: E402
-from sglang_dflash.pipeline.attention import TorchBlockAttention  # noqa: E402
-from sglang_dflash.pipeline.context_kv import DraftKVCache  # noqa: E402
-from sglang_dflash.pipeline.draft import propose  # noqa: E402
 from sglang_dflash.train.blocks import walk_counts  # noqa: E402
 from sglang_dflash.train.export import load_exported  # noqa: E402
 from sglang_dflash.train.trainer import load_embedding, load_seqs  # noqa: E402
@@ -115,14 +113,7 @@ def draft_ms(cfg, embed: torch.Tensor, width: int, ctx: int = 256, repeats: int 
     d = DFlashDrafter(cfg).to(torch.bfloat16).eval()
     d.register_buffer("d2t", d2t_from_ids(torch.arange(SERVED_VOCAB)))
     head = embed[:SERVED_VOCAB].contiguous()
-    B = cfg.block_size
-    cache = DraftKVCache(cfg.num_layers, ctx + B, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, "cpu")
-    cache.k.normal_()
-    cache.v.normal_()
-    slots = torch.arange(ctx + B).view(1, ctx + B)
-    attend = TorchBlockAttention(cache.k, cache.v, list(slots), slots[:, ctx:].reshape(-1), cfg.head_dim**-0.5)
-    block, pos = torch.full((1, B), cfg.mask_token_id), torch.arange(ctx, ctx + B)[None]
-    run = lambda: propose(d, attend, lambda t: embed[t], lambda h: h @ head.t(), block, pos, width=width)  # noqa: E731
+    run = draft_call(d, cfg, embed, head, 1, ctx, width)
     times, threads = [], torch.get_num_threads()
     torch.set_num_threads(1)  # as the c=1 costs were measured (one server thread)
     for i in range(repeats + 3):
