@@ -53,6 +53,6 @@ clean:
 bench-ops: install
 	$(VPY) bench/ops_bench.py
 
-# Real model, side by side in one run: plain vs DFLASH (blocks 16, 8), concurrency 1/4/16, T=0/1.
+# Real model, side by side in one run: plain vs DFLASH (whole block, adaptive width), concurrency 1/4/16/32, T=0/1.
 bench: install
 	$(VPY) bench/real_bench.py $(BENCH_ARGS)

@@ -91,8 +91,9 @@ def arm_extra(extra: list[str], match_sched: bool) -> list[str]:
 
 def arm(name: str, draft: str, extra: list[str], match_sched: bool):
     """Arm name -> (drafter or None, server flags, environment). `plain`: no speculation;
-    `fixed<W>`: block 16 (B if W > 16), every step verifying W rows (fixed1: plain decoding through
-    our worker); `adaptive`: block 16 (`adaptive<B>`: block B), width chosen by the controller.
+    `fixed<W>`: the drafter's trained block (W if larger), every step verifying W rows (fixed1: plain
+    decoding through our worker); `adaptive`: the drafter's block (`adaptive<B>`: block B), width
+    chosen by the controller.
     A `+<rule>` suffix (e.g. `fixed16+q1`) sets the DFlash 1 proposal rule for sampled requests."""
     from sglang_dflash import env
 
@@ -106,8 +107,11 @@ def arm(name: str, draft: str, extra: list[str], match_sched: bool):
         return None, arm_extra(list(extra), match_sched), {}
     for kind in ("fixed", "adaptive"):
         if name.startswith(kind) and (name[len(kind) :].isdigit() or name == "adaptive"):
-            num = int(name[len(kind) :] or 16)
-            block = max(num, 16) if kind == "fixed" else num
+            from sglang_dflash.model.config import read_block_size
+
+            trained = read_block_size(draft)
+            num = int(name[len(kind) :] or trained)
+            block = max(num, trained) if kind == "fixed" else num
             flags = arm_extra([*extra, "--speculative-num-draft-tokens", str(block)], match_sched)
             return draft, flags, {env.WIDTH.name: str(num)} if kind == "fixed" else {}
     raise SystemExit(f"--arms: unknown arm {name!r} (plain, fixed<W>, adaptive, adaptive<B>)")

@@ -1,16 +1,16 @@
 """`make bench`: the embedded real model (SmolLM2-135M-Instruct) with and without DFLASH, side by side
 in ONE run on this machine: the same server command without speculation (plain), with the shipped
-drafter verifying the whole block every step (fixed16: SGLANG_DFLASH_WIDTH=16), and with the
+drafter verifying the whole block every step (fixed<B>, B its trained block size: SGLANG_DFLASH_WIDTH=B), and with the
 default cost-aware verify width (adaptive), held-out prompts of the drafter's training recipe
 (never trained on), concurrency 1 / 4 / 16 / 32, temperature 0 and 1.
-Arms: `plain`, `fixed<W>` (block 16, width pinned to W), `adaptive` (block 16), `adaptive<B>`.
+Arms: `plain`, `fixed<W>` (the drafter's block, width pinned to W), `adaptive` (the drafter's block), `adaptive<B>`.
 
 Design (so a noisy 2-core machine cannot decide a ratio; one server at a time):
 - Every arm gets the same scheduler flags (bench/provenance.py SCHED_FLAGS: DFLASH forces no
   overlap scheduling and 48 running requests, so plain gets them too; --no-match-sched to drop
   them, which each row then reports).
-- --repeats N (default 2): the whole arm sequence runs N times, ABBA order (plain, fixed16,
-  adaptive then adaptive, fixed16, plain), a fresh server per arm and repeat. Each server gets the same warm-up (2
+- --repeats N (default 2): the whole arm sequence runs N times, ABBA order (plain, fixed<B>,
+  adaptive then adaptive, fixed<B>, plain), a fresh server per arm and repeat. Each server gets the same warm-up (2
   prompts x 8 tokens at every temperature, excluded from the numbers), and the prefix cache is
   flushed (POST /flush_cache) before every row, warm-up included.
 - A row's speedup is paired: its tok/s over plain's tok/s in the same repeat; rows report mean,
@@ -23,7 +23,7 @@ seconds per stage (draft / verify / sample / kv_write), TTFT and inter-token lat
 clients, pooled over repeats), and the provenance (commit, dirty flag, both arms' server argv). Writes
 bench/results/real_bench.jsonl and real_bench.png.
 
-python bench/real_bench.py [--arms plain fixed16 adaptive] [--concurrency 1 4 16 32] [--temperatures 0 1]
+python bench/real_bench.py [--arms plain fixed<B> adaptive] [--concurrency 1 4 16 32] [--temperatures 0 1]
                            [--repeats 2] [--no-match-sched]
 """
 
@@ -221,7 +221,7 @@ def main():
     ap.add_argument("--model")
     ap.add_argument("--draft")
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--arms", nargs="+", default=["plain", "fixed16", "adaptive"])
+    ap.add_argument("--arms", nargs="+", help="default: plain, fixed<B> (B: the drafter's block), adaptive")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--requests", type=int, default=32)
@@ -237,9 +237,11 @@ def main():
 
     from sglang_dflash.drafters import shipped_drafter
     from sglang_dflash.embedded import derive
+    from sglang_dflash.model.config import read_block_size
 
     a.model = a.model or derive()
     a.draft = a.draft or shipped_drafter()
+    a.arms = a.arms or ["plain", f"fixed{read_block_size(a.draft)}", "adaptive"]
     batch = heldout_prompts(AutoTokenizer.from_pretrained(a.model), a.requests)
     arms = {name: provenance.arm(name, a.draft, ["--enable-metrics"], a.match_sched) for name in a.arms}
     argv = {cfg: provenance.server_argv(a.model, d, a.dtype, extra) for cfg, (d, extra, _) in arms.items()}

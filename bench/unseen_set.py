@@ -57,7 +57,7 @@ def main():
         eng.shutdown()
         with append_rows(path) as put:
             for r, o in zip(todo, res):
-                put({"id": "unseen-" + r["id"], "family": r["family"], "split": "heldout",
+                put({"id": "unseen-" + r["id"], "source": r["id"], "family": r["family"], "split": "heldout",
                      "prompt_ids": r["prompt_ids"], "answer_ids": list(o["output_ids"])})  # fmt: skip
         n = sum(len(o["output_ids"]) for o in res)
         print(f"unseen: {len(todo)} answers, {n} tokens, {n / (time.time() - t0):.1f} tok/s", file=sys.stderr)

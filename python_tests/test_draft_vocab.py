@@ -2,6 +2,7 @@
 trains a drafter: text-document labels cut at the first off-chain token, the machine's own corpus."""
 
 import dataclasses
+import json
 import os
 
 import pytest
@@ -142,3 +143,20 @@ def test_corpus_is_ours_deterministic_and_train_only():
     assert all(d["split"] == "train" and [m["role"] for m in d["messages"]] == ["user", "assistant"] for d in docs)
     held = {p["messages"][-1]["content"] for p in prompts.generate(3000) if p["split"] == "heldout"}
     assert not held & {d["messages"][0]["content"] for d in docs}
+
+
+def test_held_out_documents_stay_out_of_the_corpus(tmp_path):
+    """`train --exclude-docs` (bench/unseen_set.py's rows): their source documents never enter
+    text.jsonl, so no run featurizes or trains on the unseen held-out set; a resumed run neither."""
+    from sglang_dflash.resumable_jsonl import read_rows
+    from sglang_dflash.train import corpus
+    from sglang_dflash.train.__main__ import main
+
+    docs = corpus.documents(seed=0)
+    held = tmp_path / "unseen.jsonl"
+    held.write_text("".join(json.dumps({"id": "unseen-" + d["id"], "source": d["id"]}) + "\n" for d in docs[5:8]))
+    work = str(tmp_path / "w")
+    for _ in range(2):
+        main(["corpus", "--workdir", work, "--exclude-docs", str(held), "--threads", str(torch.get_num_threads())])
+        ids = [r["id"] for r in read_rows(os.path.join(work, "text.jsonl"))]
+        assert ids == [d["id"] for d in docs[:5] + docs[8:]]

@@ -62,6 +62,9 @@ def main(argv=None):
     ap.add_argument("--features-minutes", type=float, default=30.0, help="features stop after this")
     ap.add_argument("--min-train-minutes", type=float, default=60.0, help="datagen/features leave this")
     ap.add_argument("--text-answer-tokens", type=int, default=320, help="corpus documents' assistant cut")
+    ap.add_argument(
+        "--exclude-docs", help="held-out rows (bench/unseen_set.py's data.jsonl) whose source documents stay out"
+    )
     ap.add_argument("--no-text", action="store_true", help="answers only (no corpus, no documents)")
     ap.add_argument("--draft-vocab", type=int, default=0, help="train over a reduced draft vocabulary (0: full)")
     ap.add_argument("--export-vocab", type=int, default=-1, help="export cut: -1 measured choice, 0 full, N")
@@ -86,7 +89,10 @@ def main(argv=None):
     if a.stage in ("all", "corpus") and not a.no_text:
         from sglang_dflash.train import corpus
 
-        corpus.write(a.workdir, a.model, a.text_answer_tokens, a.seed)
+        from sglang_dflash.resumable_jsonl import read_rows
+
+        held = {r["source"] for r in read_rows(a.exclude_docs)} if a.exclude_docs else set()
+        corpus.write(a.workdir, a.model, a.text_answer_tokens, a.seed, exclude=held)
     gen_stop = time.time() + a.datagen_minutes * 60
     gen_stop = min(gen_stop, leave or gen_stop)
     if a.stage == "datagen":

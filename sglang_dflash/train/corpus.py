@@ -112,9 +112,10 @@ def documents(seed: int = 0) -> list[dict]:
     return out
 
 
-def write(workdir: str, model: str, max_answer_tokens: int = 320, seed: int = 0) -> dict:
+def write(workdir: str, model: str, max_answer_tokens: int = 320, seed: int = 0, exclude=frozenset()) -> dict:
     """W/text.jsonl: the documents tokenized like datagen's rows ({"id", "family", "split",
-    "prompt_ids", "answer_ids", "labels": "argmax"}), the answer cut at max_answer_tokens."""
+    "prompt_ids", "answer_ids", "labels": "argmax"}), the answer cut at max_answer_tokens. Documents
+    whose id is in `exclude` (a held-out set's sources) never enter it."""
     import json
 
     from transformers import AutoTokenizer
@@ -124,10 +125,12 @@ def write(workdir: str, model: str, max_answer_tokens: int = 320, seed: int = 0)
     path = os.path.join(workdir, "text.jsonl")
     done = done_ids(path)
     tok = AutoTokenizer.from_pretrained(model)
-    stats = {"documents": 0, "answer_tokens": 0}
+    stats = {"documents": 0, "answer_tokens": 0, "excluded": 0}
     with append_rows(path) as put:
         for d in documents(seed):
-            if d["id"] in done:
+            if d["id"] in exclude:
+                stats["excluded"] += 1
+            if d["id"] in done or d["id"] in exclude:
                 continue
             ids = tok.apply_chat_template(d["messages"][:1], tokenize=True, add_generation_prompt=True)
             ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
