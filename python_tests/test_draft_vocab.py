@@ -160,3 +160,30 @@ def test_held_out_documents_stay_out_of_the_corpus(tmp_path):
         main(["corpus", "--workdir", work, "--exclude-docs", str(held), "--threads", str(torch.get_num_threads())])
         ids = [r["id"] for r in read_rows(os.path.join(work, "text.jsonl"))]
         assert ids == [d["id"] for d in docs[:5] + docs[8:]]
+
+
+def test_train_all_gives_datagen_one_thread(monkeypatch, tmp_path):
+    """`train all` runs datagen (SGLang's Engine) beside the features on the other core: with the
+    caller's OMP_NUM_THREADS=2 inherited, spinning threads cut datagen to a third."""
+    import subprocess
+
+    from sglang_dflash.train import export, features, trainer
+    from sglang_dflash.train.__main__ import main
+
+    seen = {}
+
+    class Proc:
+        pid = None
+
+        def __init__(self, argv, env=None):
+            seen["argv"], seen["env"] = argv, env
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setattr(subprocess, "Popen", Proc)
+    for mod, fn in ((features, "run"), (trainer, "run"), (export, "run")):
+        monkeypatch.setattr(mod, fn, lambda *a, **k: {})
+    main(["all", "--workdir", str(tmp_path), "--no-text", "--model", "M", "--threads", str(torch.get_num_threads())])
+    assert "datagen" in seen["argv"] and seen["env"]["OMP_NUM_THREADS"] == "1"
