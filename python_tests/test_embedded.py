@@ -85,6 +85,7 @@ def real_served(smollm2):
     from transformers import AutoTokenizer
 
     from sglang_dflash.drafters import shipped_drafter
+    from sglang_dflash.model.config import read_block_size
 
     tok = AutoTokenizer.from_pretrained(smollm2)
     questions = heldout_questions()
@@ -97,7 +98,7 @@ def real_served(smollm2):
     # Width pinned to the block: these tests measure the drafter (tau), which the default controller
     # would hide by playing width 1 where this CPU's float32 verify does not pay (its losslessness at
     # any width is test_lossless.py's).
-    pinned = {env.WIDTH.name: "16"}
+    pinned = {env.WIDTH.name: str(read_block_size(shipped_drafter()))}
     with launch(smollm2, shipped_drafter(), "float32", name="dflash-smollm2", env=pinned) as srv:
         yield srv, batch, refs, shared
 
