@@ -94,7 +94,8 @@ def arm(name: str, draft: str, extra: list[str], match_sched: bool):
     `fixed<W>`: the drafter's trained block (W if larger), every step verifying W rows (fixed1: plain
     decoding through our worker); `adaptive`: the drafter's block (`adaptive<B>`: block B), width
     chosen by the controller.
-    A `+<rule>` suffix (e.g. `fixed16+q1`) sets the DFlash 1 proposal rule for sampled requests."""
+    A `+<rule>` suffix (e.g. `fixed16+q1`) sets the DFlash 1 proposal rule for sampled requests;
+    an `@DIR` suffix (e.g. `adaptive@/path/drafter`) serves another drafter."""
     from sglang_dflash import env
 
     if "+" in name:
@@ -103,6 +104,9 @@ def arm(name: str, draft: str, extra: list[str], match_sched: bool):
             raise SystemExit(f"--arms {name!r}: unknown proposal rule {rule!r} ({', '.join(env.PROPOSAL.choices)})")
         d, flags, environ = arm(base, draft, extra, match_sched)
         return d, flags, {**environ, env.PROPOSAL.name: rule}
+    if "@" in name:  # `adaptive@DIR`: this arm serves the drafter in DIR (drafters side by side)
+        base, path = name.split("@", 1)
+        return arm(base, path, extra, match_sched)
     if name == "plain":
         return None, arm_extra(list(extra), match_sched), {}
     for kind in ("fixed", "adaptive"):
