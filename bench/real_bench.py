@@ -249,9 +249,7 @@ def main():
     for rep in range(a.repeats):
         for cfg in provenance.arm_order(list(arms), rep):
             draft, extra, env = arms[cfg]
-            with launch(
-                a.model, draft, a.dtype, extra=extra, env=env, name=f"real-bench-{cfg.replace('/', '_')}-r{rep}"
-            ) as srv:
+            with launch(a.model, draft, a.dtype, extra=extra, env=env, name=f"real-bench-{cfg}-r{rep}") as srv:
                 warm_up(srv, batch, a.temperatures)
                 for temp in a.temperatures:
                     for c in a.concurrency:

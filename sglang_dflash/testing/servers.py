@@ -117,7 +117,7 @@ def launch(
     test injects faults). device: "cuda" or "cpu"; None: this machine's (server_device)."""
     os.makedirs(LOG_DIR, exist_ok=True)
     port = port or free_port()
-    log_path = os.path.join(LOG_DIR, f"{name}-{port}.log")
+    log_path = os.path.join(LOG_DIR, f"{name.replace(os.sep, '_')}-{port}.log")  # a name may hold a path
     dev = server_device(device)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
