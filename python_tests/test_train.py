@@ -4,12 +4,13 @@ a tiny overfit run through features -> trainer -> export, and the export round t
 import json
 import os
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from sglang_dflash.pipeline.attention import TorchBlockAttention
 from sglang_dflash.pipeline.block import build_block
-from sglang_dflash.model.config import parse_drafter_config
+from sglang_dflash.model.config import DrafterConfigError, parse_drafter_config
 from sglang_dflash.testing.reference import draft_block
 from sglang_dflash.pipeline.context_kv import DraftKVCache
 from sglang_dflash.model.drafter import DFlashDrafter
@@ -178,6 +179,14 @@ def test_tiny_reduced_vocab_training_and_export(tmp_path):
     assert torch.equal(loaded.d2t, saved["d2t"])
     assert abs(res["walk_tau_128"] - res["tau_train"]) < 0.35 and res["walk_tau_128"] > 1.5, res
     assert os.path.exists(tmp_path / "drafter" / "learning_curve.png")
+    # warm start (--init-from): zero steps from the exported weights walk as well as they do (d2t
+    # is re-chosen from the run's labels, not copied); from scratch the same zero steps walk ~1
+    kw = dict(num_layers=1, steps=0, ckpt_minutes=100, resume=False, eval_anchors=40, command="t", draft_vocab=16)
+    cold = trainer.run(wd, target, block_size=4, **kw)["best_tau"]
+    warm = trainer.run(wd, target, block_size=4, init_from=str(tmp_path / "drafter"), **kw)["best_tau"]
+    assert cold < 1.3 and abs(warm - res["walk_tau_128"]) < 0.1, (cold, warm, res)
+    with pytest.raises(DrafterConfigError, match="block_size is 4, this run's is 8"):
+        trainer.run(wd, target, block_size=8, init_from=str(tmp_path / "drafter"), **kw)
 
 
 def test_features_take_answers_first_and_label_text_with_the_argmax(tmp_path):

@@ -71,6 +71,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2, help="torch threads for features and training")
     ap.add_argument("--export-margin-minutes", type=float, default=4.0)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--init-from", help="an exported drafter to continue training from (train/warm_start.py)")
     ap.add_argument("--out", default=DRAFTER_DIR, help="export folder")
     ap.add_argument("--drafter", default=DRAFTER_DIR, help="cut: the exported drafter to give a reduced vocabulary")
     a = ap.parse_args(argv)
@@ -142,6 +143,7 @@ def main(argv=None):
             resume=a.resume or a.stage == "all",
             command=cmd,
             no_text=a.no_text,
+            init_from=a.init_from,
         )
     if a.stage in ("all", "export"):
         from sglang_dflash.train import export

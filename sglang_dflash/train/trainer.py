@@ -26,6 +26,7 @@ from sglang_dflash.model.drafter import DFlashDrafter
 from sglang_dflash.model.draft_vocab import coverage, d2t_from_ids, most_frequent
 from sglang_dflash.train.corpus import ID_PREFIX
 from sglang_dflash.train.blocks import Seq, block_hidden, eval_tau, sample_anchors, walk_tau
+from sglang_dflash.train.warm_start import warm_start
 
 
 def drafter_config_dict(
@@ -128,6 +129,7 @@ def run(
     draft_vocab: int = 0,
     walk_seqs: int = 40,
     no_text: bool = False,
+    init_from: str | None = None,
 ) -> dict:
     """Train until `steps` or `deadline` (epoch s), checkpointing every ckpt_minutes (held-out tau each
     time; best.pt keeps the best). anchors per sequence x seqs sequences per step. On SmolLM2, moving
@@ -139,7 +141,8 @@ def run(
     draft_vocab N > 0: a reduced draft vocabulary, the N most frequent labels of the training data
     (model/draft_vocab.py); the softmax is over exactly those N (no negatives needed) and the
     checkpoint carries d2t. Checkpoints are ranked by the serving-equivalent walk tau over the first
-    128 tokens of walk_seqs held-out answers; the per-anchor tau is logged beside it."""
+    128 tokens of walk_seqs held-out answers; the per-anchor tau is logged beside it.
+    init_from: an exported drafter folder to start from (warm_start.py); a resumed last.pt wins."""
     from tqdm import tqdm
 
     torch.manual_seed(seed)
@@ -179,6 +182,8 @@ def run(
     os.makedirs(cdir, exist_ok=True)
     last, best = os.path.join(cdir, "last.pt"), os.path.join(cdir, "best.pt")
     st = {"step": 0, "train_s": 0.0, "best_tau": 0.0, "start": time.time(), "history": []}
+    if init_from:
+        warm_start(drafter, cfg, init_from, tcfg["num_hidden_layers"])
     if resume and os.path.exists(last):
         ck = torch.load(last, weights_only=False)
         drafter.load_state_dict(ck["model"])
@@ -258,7 +263,7 @@ def run(
             t_ck = time.time()
     bar.close()
     checkpoint()
-    first, final = losses[:5] or [0.0], losses[-5:] or [0.0]
+    first, final = losses[:5] or [0.0], losses[-5:] or [0.0]  # mean loss of the first and last 5 steps
     out = {
         "steps": st["step"],
         "train_s": round(st["train_s"], 1),
@@ -267,26 +272,12 @@ def run(
         "loss_first": sum(first) / len(first),
         "loss_last": sum(final) / len(final),
     }
+    summary = dict(out, anchors_per_step=anchors * seqs, train_seqs=len(train), heldout_seqs=len(held))
+    summary |= dict(gamma=gamma, draft_vocab=draft_vocab, no_text=no_text, init_from=init_from, lr=lr)
+    summary |= dict(walk_seqs=min(walk_seqs, len(held)), label_coverage=coverage(counts, vocab))
+    summary |= dict(threads=torch.get_num_threads(), command=command, history=st["history"])
     with open(os.path.join(workdir, "train_summary.json"), "w") as f:
-        json.dump(
-            {
-                **out,
-                "anchors_per_step": anchors * seqs,
-                "train_seqs": len(train),
-                "heldout_seqs": len(held),
-                "gamma": gamma,
-                "draft_vocab": draft_vocab,
-                "no_text": no_text,
-                "walk_seqs": min(walk_seqs, len(held)),
-                "label_coverage": coverage(counts, vocab),
-                "threads": torch.get_num_threads(),
-                "lr": lr,
-                "command": command,
-                "history": st["history"],
-            },
-            f,
-            indent=1,
-        )
+        json.dump(summary, f, indent=1)
     print("trainer:", json.dumps(out), file=sys.stderr)
     return out
 
