@@ -20,6 +20,9 @@ LOGPROB_BODY = {
 }
 
 
+PENALTY_FIRST_ACCEPT = 0.1  # measured 0.18 (108 of 589 blocks); a drafter never right gives ~0
+
+
 def stop_cases(ref_outputs):
     """Limits that land mid-block: a stop token id / stop string seen mid-output, max_new_tokens.
     The drafter always proposes the steer token 42, so a stop on 42 lands on an accepted draft and
@@ -90,17 +93,25 @@ def test_penalties_inside_blocks_match_plain(mixed):
     the drafter keeps proposing the steer token, so in-block counts decide the outcome."""
     srv, *_, (base, pen_want, _) = mixed
     cases = penalty_cases(SAMPLES)
-    changed = verify_ct = completion = 0
+    changed = 0
+    before = scrape(srv)
     for (p, c), w in zip(cases, pen_want):
         got = run_case(srv, p, c)
         assert got["output_ids"] == w["output_ids"], c
         assert got["meta_info"]["finish_reason"] == w["meta_info"]["finish_reason"], c
         changed += w["output_ids"] != base[SAMPLES.index(p)]["output_ids"]
-        verify_ct += got["meta_info"]["spec_verify_ct"]
-        completion += got["meta_info"]["completion_tokens"]
     assert changed >= len(cases) // 2, "the penalties should change most outputs"
-    print(f"penalized requests: {changed}/{len(cases)} changed by penalties, tau {completion / verify_ct:.2f}")
-    assert completion / verify_ct > 1.2, "drafts should still be accepted with penalties"
+    time.sleep(1)
+    after = scrape(srv)
+    # Per drafted block, not per step: how often the controller drafts depends on the start-up cost
+    # profile (machine load), while whether the first draft survives the penalties does not.
+    drafts = after["sglang:dflash_drafts_total"] - before.get("sglang:dflash_drafts_total", 0)
+    key = "sglang:dflash_accepted_tokens_total{position=1}"
+    first = after.get(key, 0) - before.get(key, 0)
+    print(
+        f"penalized requests: {changed}/{len(cases)} changed, first draft accepted in {first:.0f}/{drafts:.0f} blocks"
+    )
+    assert drafts > 0 and first / drafts > PENALTY_FIRST_ACCEPT, "drafts should still be accepted with penalties"
 
 
 @pytest.mark.server
