@@ -185,6 +185,11 @@ def test_tiny_reduced_vocab_training_and_export(tmp_path):
     cold = trainer.run(wd, target, block_size=4, **kw)["best_tau"]
     warm = trainer.run(wd, target, block_size=4, init_from=str(tmp_path / "drafter"), **kw)["best_tau"]
     assert cold < 1.3 and abs(warm - res["walk_tau_128"]) < 0.1, (cold, warm, res)
+    # the warm start is checkpointed before any step: a run that only makes it worse exports it
+    ruin = trainer.run(wd, target, block_size=4, init_from=str(tmp_path / "drafter"), **{**kw, "steps": 5}, lr=30.0)
+    with open(os.path.join(wd, "train_summary.json")) as f:
+        hist = json.load(f)["history"]
+    assert [h["step"] for h in hist] == [0, 5] and ruin["best_tau"] == warm and hist[1]["tau"] < warm, hist
     with pytest.raises(DrafterConfigError, match="block_size is 4, this run's is 8"):
         trainer.run(wd, target, block_size=8, init_from=str(tmp_path / "drafter"), **kw)
 

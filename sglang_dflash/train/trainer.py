@@ -224,6 +224,8 @@ def run(
         with open(os.path.join(workdir, "train_log.jsonl"), "a") as f:
             f.write(json.dumps(st["history"][-1]) + "\n")
 
+    if init_from and st["step"] == 0:  # the start is a candidate: a warm run never exports below it
+        checkpoint()
     drafter.train()
     bar = tqdm(total=steps, initial=st["step"], desc="train", mininterval=10)
     t_ck, tokens, t0, losses = time.time(), 0, time.time(), []
@@ -262,7 +264,8 @@ def run(
             checkpoint()
             t_ck = time.time()
     bar.close()
-    checkpoint()
+    if not st["history"] or st["history"][-1]["step"] != st["step"]:
+        checkpoint()
     first, final = losses[:5] or [0.0], losses[-5:] or [0.0]  # mean loss of the first and last 5 steps
     out = {
         "steps": st["step"],
