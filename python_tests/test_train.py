@@ -190,6 +190,9 @@ def test_tiny_reduced_vocab_training_and_export(tmp_path):
     with open(os.path.join(wd, "train_summary.json")) as f:
         hist = json.load(f)["history"]
     assert [h["step"] for h in hist] == [0, 5] and ruin["best_tau"] == warm and hist[1]["tau"] < warm, hist
+    export.run(wd, target, str(tmp_path / "warm"), command="t", eval_anchors=40, seed=5)
+    card = (tmp_path / "warm" / "README.md").read_text()
+    assert "(seed 5;" in card and f"warm-started from `{tmp_path / 'drafter'}`" in card
     with pytest.raises(DrafterConfigError, match="block_size is 4, this run's is 8"):
         trainer.run(wd, target, block_size=8, init_from=str(tmp_path / "drafter"), **kw)
 

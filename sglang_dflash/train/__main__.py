@@ -148,7 +148,9 @@ def main(argv=None):
     if a.stage in ("all", "export"):
         from sglang_dflash.train import export
 
-        export.run(a.workdir, a.model, a.out, command=cmd, draft_vocab=a.export_vocab)
+        export.run(
+            a.workdir, a.model, a.out, cmd, seed=a.seed, max_new_tokens=a.max_new_tokens, draft_vocab=a.export_vocab
+        )
     if a.stage == "cut":
         from sglang_dflash.train import vocab_cut
 

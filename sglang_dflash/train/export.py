@@ -121,7 +121,7 @@ Families: {families}.
 Anchors sampled inside the answers, blocks [token_p, MASK x {bm1}], non-causal attention over the
 anchor's own context features + its block, cross-entropy on the target's frozen tied LM head{head_note}
 with weights exp(-(k-1)/{gamma}). {steps} steps ({anchors} anchors per step, bf16 autocast, AdamW,
-{threads} threads), {train_min:.1f} min of training{rate}. Checkpoints ranked by the held-out walk tau.
+{threads} threads), {train_min:.1f} min of training{rate}{warm}. Checkpoints ranked by the held-out walk tau.
 
 ## Result
 Serving-equivalent held-out tau (walking each held-out answer the way greedy speculative decoding
@@ -145,6 +145,11 @@ The command of this run:
 {command}
 ```
 """
+
+WARM_NOTE = (
+    ", warm-started from `{}` (the drafter then shipped: its weights; the draft vocabulary re-chosen), so the steps,"
+    " tokens and learning curve below add to that drafter's own"
+)
 
 
 def run(
@@ -215,6 +220,7 @@ def run(
         anchors=summ.get("anchors_per_step", 128),
         train_min=st["train_s"] / 60,
         rate=f" ({summ['tok_s']:.0f} block tokens/s)" if summ.get("tok_s") else "",
+        warm=WARM_NOTE.format(summ["init_from"]) if summ.get("init_from") else "",
         eval_n=sum(a.numel() for _, a in eval_set),
         vocab_note=f", reduced draft vocabulary of {n_vocab} tokens" if n_vocab else "",
         cut=cut_text(cut_rows, n_vocab),
