@@ -147,7 +147,7 @@ The command of this run:
 """
 
 WARM_NOTE = (
-    ", warm-started from `{}` (the drafter then shipped: its weights; the draft vocabulary re-chosen), so the steps,"
+    ", warm-started from `{}` (its weights; the draft vocabulary re-chosen), so the steps,"
     " tokens and learning curve below add to that drafter's own"
 )
 
