@@ -40,7 +40,8 @@ from sglang_dflash.model.draft_vocab import d2t_from_ids, ids_from_d2t  # noqa: 
 from sglang_dflash.model.drafter import DFlashDrafter  # noqa: E402
 from sglang_dflash.train.blocks import walk_counts  # noqa: E402
 from sglang_dflash.train.export import load_exported  # noqa: E402
-from sglang_dflash.train.trainer import load_embedding, load_seqs  # noqa: E402
+from sglang_dflash.train.features import load_seqs  # noqa: E402
+from sglang_dflash.train.trainer import load_embedding  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 SERVED_VOCAB = 8192  # the shipped drafter's measured cut (README, drafter card)

@@ -236,6 +236,45 @@ def test_features_take_answers_first_and_label_text_with_the_argmax(tmp_path):
             assert json.load(f)["train_seqs"] == want == (len(train) - 4 if no_text else len(train))
 
 
+def test_extra_features_add_earlier_runs_train_split_only(tmp_path):
+    """--extra-features W0: W0's train split is trained on beside the run's own, its held-out split
+    is not (the run's curve stays on its own held-out prompts), a sequence met twice counts once, and
+    features of other target layers are refused by name."""
+    torch.set_num_threads(1)
+    target = str(tiny_model_cache("llama", "float32"))
+    (tmp_path / "a").mkdir()
+    old = _tiny_workdir(tmp_path / "a")  # p0 held out, p1..p11 train
+    new = tmp_path / "run"
+    new.mkdir()
+    with open(new / "data.jsonl", "w") as f:
+        rows = [([1, 6, 6, 7], [10 + (1 + k) % 20 for k in range(40)] + [2], "train")]  # = old p1
+        rows += [([1, 40 + i, 6, 7], [12 + (3 * i + k) % 17 for k in range(30)] + [2], "train") for i in range(4)]
+        rows += [([1, 60, 6, 7], [11 + k % 9 for k in range(30)] + [2], "heldout")]
+        for i, (p, a, split) in enumerate(rows):
+            row = {"id": f"p{i}", "family": "arithmetic", "split": split, "prompt_ids": p, "answer_ids": a}
+            f.write(json.dumps(row) + "\n")
+    for wd in (old, str(new)):
+        features.run(wd, target, num_context_layers=1, shard_size=5, dtype=torch.float32)
+    per: dict = {}
+    train, held = features.load_seqs(str(new), [old], per)
+    assert len(train) == 5 + 10 and per == {str(new): 5, old: 10}, per
+    assert [s.tokens[1].item() for s in held] == [60]  # the new run's own held-out only
+    kw = dict(num_layers=1, block_size=4, steps=2, anchors=2, seqs=2, ckpt_minutes=100, eval_anchors=8, command="t")
+    trainer.run(str(new), target, resume=False, extra_features=[old], **kw)
+    with open(new / "train_summary.json") as f:
+        summ = json.load(f)
+    assert summ["train_seqs"] == 15 and summ["extra_features"] == [old], summ
+    export.run(str(new), target, str(tmp_path / "drafter"), command="t", eval_anchors=8, draft_vocab=0)
+    assert f"`{old}` (10 sequences)" in (tmp_path / "drafter" / "README.md").read_text()
+    meta = os.path.join(old, "features", "meta.json")
+    with open(meta) as f:
+        m = json.load(f)
+    with open(meta, "w") as f:
+        json.dump({**m, "target_layer_ids": [0, 1]}, f)
+    with pytest.raises(ValueError, match=r"--extra-features .*target layers \[0, 1\]"):
+        features.load_seqs(str(new), [old])
+
+
 def test_deadline_is_the_next_such_time():
     import datetime as dt
 

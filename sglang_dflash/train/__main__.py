@@ -72,6 +72,9 @@ def main(argv=None):
     ap.add_argument("--export-margin-minutes", type=float, default=4.0)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--init-from", help="an exported drafter to continue training from (train/warm_start.py)")
+    ap.add_argument(
+        "--extra-features", nargs="*", default=[], help="earlier runs' workdirs: their train split is trained on too"
+    )
     ap.add_argument("--out", default=DRAFTER_DIR, help="export folder")
     ap.add_argument("--drafter", default=DRAFTER_DIR, help="cut: the exported drafter to give a reduced vocabulary")
     a = ap.parse_args(argv)
@@ -144,6 +147,7 @@ def main(argv=None):
             command=cmd,
             no_text=a.no_text,
             init_from=a.init_from,
+            extra_features=a.extra_features,
         )
     if a.stage in ("all", "export"):
         from sglang_dflash.train import export

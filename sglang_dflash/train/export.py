@@ -66,6 +66,11 @@ def data_stats(workdir: str) -> dict:
     return st
 
 
+def extra_text(summ: dict) -> str:
+    n = summ.get("train_seqs_by_workdir", {})
+    return "; ".join(f"`{w}` ({n.get(w, 0)} sequences)" for w in summ["extra_features"])
+
+
 def cut_text(rows: list[dict], n_vocab: int | None) -> str:
     if not rows:
         return f"{n_vocab or 'all'} tokens (not measured against other sizes in this run)."
@@ -115,7 +120,7 @@ Both sources are ours (no public dataset, nothing downloaded):
   /usr/share/doc READMEs and module docstrings): {text_tok} assistant tokens labelled with the
   target's own argmax in one prefill per document (a block label counts only while the text
   follows the target's greedy chain, so every label is the token serving would verify).
-Families: {families}.
+Families: {families}.{extra}
 
 ## Training
 Anchors sampled inside the answers, blocks [token_p, MASK x {bm1}], non-causal attention over the
@@ -146,6 +151,11 @@ The command of this run:
 ```
 """
 
+EXTRA_NOTE = (
+    "\n- Beside these, the train split of earlier runs whose features were reused"
+    " (`--extra-features`): {}."
+)
+
 WARM_NOTE = (
     ", warm-started from `{}` (its weights; the draft vocabulary re-chosen), so the steps,"
     " tokens and learning curve below add to that drafter's own"
@@ -167,13 +177,19 @@ def run(
     from sglang_dflash.model.draft_vocab import d2t_from_ids, ids_from_d2t
     from sglang_dflash.train import vocab_cut
     from sglang_dflash.train.blocks import eval_tau, sample_anchors, walk_tau
-    from sglang_dflash.train.trainer import load_embedding, load_seqs
+    from sglang_dflash.train.features import load_seqs
+    from sglang_dflash.train.trainer import load_embedding
 
     ck = torch.load(os.path.join(workdir, "ckpt", "best.pt"), weights_only=False)
     cfg, state = dict(ck["config"]), dict(ck["model"])
     write_checkpoint(out, cfg, state)
     drafter, dcfg, mask = load_exported(out, model)
-    train, held = load_seqs(workdir)
+    summ = {}
+    sp = os.path.join(workdir, "train_summary.json")
+    if os.path.exists(sp):
+        with open(sp) as f:
+            summ = json.load(f)
+    train, held = load_seqs(workdir, summ.get("extra_features", ()))
     eval_set = sample_anchors(held, eval_anchors, dcfg.block_size, torch.Generator().manual_seed(1234), spread=True)
     embed = load_embedding(model)
     cut_rows = []
@@ -188,11 +204,6 @@ def run(
     tau = eval_tau(drafter, embed, mask, dcfg.block_size, eval_set, vocab=dv)
     walk = walk_tau(drafter, embed, mask, dcfg.block_size, held, vocab=dv)
     walk128 = walk_tau(drafter, embed, mask, dcfg.block_size, held, max_answer=128, vocab=dv)
-    summ = {}
-    sp = os.path.join(workdir, "train_summary.json")
-    if os.path.exists(sp):
-        with open(sp) as f:
-            summ = json.load(f)
     ds = data_stats(workdir)
     st = ck["state"]
     history = st.get("history", summ.get("history", []))
@@ -220,6 +231,7 @@ def run(
         anchors=summ.get("anchors_per_step", 128),
         train_min=st["train_s"] / 60,
         rate=f" ({summ['tok_s']:.0f} block tokens/s)" if summ.get("tok_s") else "",
+        extra=EXTRA_NOTE.format(extra_text(summ)) if summ.get("extra_features") else "",
         warm=WARM_NOTE.format(summ["init_from"]) if summ.get("init_from") else "",
         eval_n=sum(a.numel() for _, a in eval_set),
         vocab_note=f", reduced draft vocabulary of {n_vocab} tokens" if n_vocab else "",

@@ -24,6 +24,7 @@ import torch
 
 from sglang_dflash.model.config import default_target_layer_ids, hf_hidden_state_index
 from sglang_dflash.resumable_jsonl import read_rows
+from sglang_dflash.train.blocks import Seq
 
 
 def load_target(model: str, dtype=torch.bfloat16, keep_layers: int | None = None):
@@ -159,3 +160,44 @@ def run(
     stats["wall_s"] = round(time.time() - t0, 1)
     print("features:", json.dumps(stats), file=sys.stderr)
     return stats
+
+
+def _shard_seqs(fdir: str):
+    for f in sorted(glob.glob(os.path.join(fdir, "shard_*.pt"))):
+        s = torch.load(f)
+        o = s["offsets"].tolist()
+        labels = s.get("labels")
+        for i, sid in enumerate(s["ids"]):
+            r = slice(o[i], o[i + 1])
+            lab = None if labels is None else labels[r]
+            yield s["split"][i], Seq(sid, s["tokens"][r], s["feats"][r], int(s["answer_start"][i]), lab)
+
+
+def load_seqs(
+    workdir: str, extra: list[str] | tuple = (), per_dir: dict | None = None
+) -> tuple[list[Seq], list[Seq]]:
+    """The run's own train / held-out sequences, plus the train split of earlier runs' workdirs
+    `extra` (their features are reused, not recomputed). Held-out stays the run's own so its curve
+    measures prompts no parent saw; a sequence (same tokens) met twice is kept once. The split is a
+    content hash (prompts.split_of), so a held-out conversation is held out in every run.
+    per_dir, if given, gets the number of train sequences taken from each workdir."""
+    with open(os.path.join(workdir, "features", "meta.json")) as f:
+        ids = json.load(f)["target_layer_ids"]
+    train, held, seen = [], [], set()
+    for i, wd in enumerate([workdir, *extra]):
+        with open(os.path.join(wd, "features", "meta.json")) as f:
+            other = json.load(f)["target_layer_ids"]
+        if other != ids:
+            raise ValueError(
+                f"--extra-features {wd}: its features are target layers {other}, this run's are {ids}; "
+                "reuse only runs made with the same --num-context-layers"
+            )
+        for split, seq in _shard_seqs(os.path.join(wd, "features")):
+            key = hash(seq.tokens.numpy().tobytes())
+            if key in seen or (i and split == "heldout"):
+                continue
+            seen.add(key)
+            (held if split == "heldout" else train).append(seq)
+            if per_dir is not None and split != "heldout":
+                per_dir[wd] = per_dir.get(wd, 0) + 1
+    return train, held

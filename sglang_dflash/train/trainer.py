@@ -26,6 +26,7 @@ from sglang_dflash.model.drafter import DFlashDrafter
 from sglang_dflash.model.draft_vocab import coverage, d2t_from_ids, most_frequent
 from sglang_dflash.train.corpus import ID_PREFIX
 from sglang_dflash.train.blocks import Seq, block_hidden, eval_tau, sample_anchors, walk_tau
+from sglang_dflash.train.features import load_seqs
 from sglang_dflash.train.warm_start import warm_start
 
 
@@ -84,20 +85,6 @@ def load_embedding(model: str) -> torch.Tensor:
     return load_target_tensor(model)
 
 
-def load_seqs(workdir: str) -> tuple[list[Seq], list[Seq]]:
-    train, held = [], []
-    for f in sorted(glob.glob(os.path.join(workdir, "features", "shard_*.pt"))):
-        s = torch.load(f)
-        o = s["offsets"].tolist()
-        labels = s.get("labels")
-        for i, sid in enumerate(s["ids"]):
-            r = slice(o[i], o[i + 1])
-            lab = None if labels is None else labels[r]
-            seq = Seq(sid, s["tokens"][r], s["feats"][r], int(s["answer_start"][i]), lab)
-            (held if s["split"][i] == "heldout" else train).append(seq)
-    return train, held
-
-
 def lr_factor(step: int, frac: float, warmup: int = 60) -> float:
     """Linear warm-up, then cosine over the time budget (frac in [0, 1]) down to 10%."""
     return min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(frac, 1.0))))
@@ -130,6 +117,7 @@ def run(
     walk_seqs: int = 40,
     no_text: bool = False,
     init_from: str | None = None,
+    extra_features: list[str] | tuple = (),
 ) -> dict:
     """Train until `steps` or `deadline` (epoch s), checkpointing every ckpt_minutes (held-out tau each
     time; best.pt keeps the best). anchors per sequence x seqs sequences per step. On SmolLM2, moving
@@ -142,7 +130,8 @@ def run(
     (model/draft_vocab.py); the softmax is over exactly those N (no negatives needed) and the
     checkpoint carries d2t. Checkpoints are ranked by the serving-equivalent walk tau over the first
     128 tokens of walk_seqs held-out answers; the per-anchor tau is logged beside it.
-    init_from: an exported drafter folder to start from (warm_start.py); a resumed last.pt wins."""
+    init_from: an exported drafter folder to start from (warm_start.py); a resumed last.pt wins.
+    extra_features: earlier runs' workdirs whose train split is trained on too (load_seqs)."""
     from tqdm import tqdm
 
     torch.manual_seed(seed)
@@ -150,7 +139,8 @@ def run(
         layer_ids = json.load(f)["target_layer_ids"]
     with open(os.path.join(model, "config.json")) as f:
         tcfg = json.load(f)
-    train, held = load_seqs(workdir)
+    per_dir: dict = {}
+    train, held = load_seqs(workdir, extra_features, per_dir)
     train = [s for s in train if s.tokens.shape[0] - s.answer_start >= 2]
     if no_text:  # answers only: the corpus documents' features stay on disk, unused
         train = [s for s in train if not s.id.startswith(ID_PREFIX)]
@@ -277,6 +267,7 @@ def run(
     }
     summary = dict(out, anchors_per_step=anchors * seqs, train_seqs=len(train), heldout_seqs=len(held))
     summary |= dict(gamma=gamma, draft_vocab=draft_vocab, no_text=no_text, init_from=init_from, lr=lr)
+    summary |= dict(extra_features=list(extra_features), train_seqs_by_workdir=per_dir)
     summary |= dict(walk_seqs=min(walk_seqs, len(held)), label_coverage=coverage(counts, vocab))
     summary |= dict(threads=torch.get_num_threads(), command=command, history=st["history"])
     with open(os.path.join(workdir, "train_summary.json"), "w") as f:

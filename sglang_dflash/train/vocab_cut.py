@@ -65,7 +65,8 @@ def cut_checkpoint(drafter_dir: str, workdir: str, model: str, out: str, draft_v
 
     from sglang_dflash.model.draft_vocab import d2t_from_ids
     from sglang_dflash.train.export import cut_text, load_exported, write_checkpoint
-    from sglang_dflash.train.trainer import load_embedding, load_seqs
+    from sglang_dflash.train.features import load_seqs
+    from sglang_dflash.train.trainer import load_embedding
 
     drafter, cfg, mask = load_exported(drafter_dir, model)
     train, held = load_seqs(workdir)
