@@ -253,17 +253,18 @@ def test_extra_features_add_earlier_runs_train_split_only(tmp_path):
         for i, (p, a, split) in enumerate(rows):
             row = {"id": f"p{i}", "family": "arithmetic", "split": split, "prompt_ids": p, "answer_ids": a}
             f.write(json.dumps(row) + "\n")
-    for wd in (old, str(new)):
-        features.run(wd, target, num_context_layers=1, shard_size=5, dtype=torch.float32)
+    features.run(old, target, num_context_layers=1, shard_size=5, dtype=torch.float32)
+    features.run(str(new), target, num_context_layers=1, shard_size=5, dtype=torch.float32, skip={"p4"})
+    assert "p4" not in features.done_ids(str(new / "features"))  # reused documents are not redone
     per: dict = {}
     train, held = features.load_seqs(str(new), [old], per)
-    assert len(train) == 5 + 10 and per == {str(new): 5, old: 10}, per
+    assert len(train) == 4 + 10 and per == {str(new): 4, old: 10}, per
     assert [s.tokens[1].item() for s in held] == [60]  # the new run's own held-out only
     kw = dict(num_layers=1, block_size=4, steps=2, anchors=2, seqs=2, ckpt_minutes=100, eval_anchors=8, command="t")
     trainer.run(str(new), target, resume=False, extra_features=[old], **kw)
     with open(new / "train_summary.json") as f:
         summ = json.load(f)
-    assert summ["train_seqs"] == 15 and summ["extra_features"] == [old], summ
+    assert summ["train_seqs"] == 14 and summ["extra_features"] == [old], summ
     export.run(str(new), target, str(tmp_path / "drafter"), command="t", eval_anchors=8, draft_vocab=0)
     assert f"`{old}` (10 sequences)" in (tmp_path / "drafter" / "README.md").read_text()
     meta = os.path.join(old, "features", "meta.json")

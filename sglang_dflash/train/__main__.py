@@ -118,9 +118,17 @@ def main(argv=None):
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
             gen = subprocess.Popen([sys.executable, "-m", "sglang_dflash.train", *argv_gen], env=env)
             torch.set_num_threads(1)
+        from sglang_dflash.train.corpus import ID_PREFIX
+
         stop = time.time() + a.features_minutes * 60
+        reused = {i for w in a.extra_features for i in features.done_ids(os.path.join(w, "features"))}
         features.run(
-            a.workdir, a.model, a.num_context_layers, follow_pid=gen and gen.pid, deadline=min(stop, leave or stop)
+            a.workdir,
+            a.model,
+            a.num_context_layers,
+            follow_pid=gen and gen.pid,
+            deadline=min(stop, leave or stop),
+            skip={i for i in reused if i.startswith(ID_PREFIX)},  # documents are content-hashed; answers are not
         )
         if gen is not None:
             gen.wait()

@@ -64,7 +64,7 @@ def layer_ids_for(model: str, num_context_layers: int) -> list[int]:
 def done_ids(fdir: str) -> set:
     ids = set()
     for f in sorted(glob.glob(os.path.join(fdir, "shard_*.pt"))):
-        ids.update(torch.load(f)["ids"])
+        ids.update(torch.load(f, mmap=True)["ids"])  # mmap: the ids without reading the features
     return ids
 
 
@@ -116,8 +116,11 @@ def run(
     follow_pid: int | None = None,
     dtype=torch.bfloat16,
     deadline: float | None = None,
+    skip: set | frozenset = frozenset(),
 ) -> dict:
-    """Featurize every new row; with a deadline (epoch s) stop starting shards after it."""
+    """Featurize every new row; with a deadline (epoch s) stop starting shards after it. skip: ids
+    not to featurize (earlier runs' text documents, whose ids are content hashes, when their
+    features are reused through --extra-features)."""
     fdir = os.path.join(workdir, "features")
     os.makedirs(fdir, exist_ok=True)
     ids = layer_ids_for(model, num_context_layers)
@@ -125,7 +128,7 @@ def run(
     with open(os.path.join(fdir, "meta.json"), "w") as f:
         json.dump(meta, f)
     target = load_target(model, dtype)  # every layer: text documents need the logits too
-    done = done_ids(fdir)
+    done = done_ids(fdir) | set(skip)
     stats = {"sequences": 0, "tokens": 0, "wall_s": 0.0}
     t0 = time.time()
     while True:
