@@ -4,8 +4,13 @@ function", "continue this text") that the run's features stage did not reach. Th
 `train/prompts.py` measures templated prompts like the training ones; this one measures how a
 drafter does on prompts unlike its templates (issue 14: the shipped drafter generalised poorly).
 
-    python bench/unseen_set.py --from /work/train6 --out /work/unseen [--per-family 24]
+    python bench/unseen_set.py --from /work/train6 [/work/train11 ...] [--seen-prefix 0:2944] --out /work/unseen
 
+A drafter warm-started through several runs has seen the documents of all of them: pass every
+run's workdir to --from, and --seen-prefix SEED:N for a run whose features are not on this machine
+(its features stage took the first N documents of corpus.documents(SEED), which is the order
+text.jsonl is written in). OUT/picked.jsonl lists the chosen documents first ({"id", "source"}),
+so a training run can exclude them (--exclude-docs) before their answers exist.
 Writes OUT/data.jsonl (datagen's row format, every row split "heldout") and OUT/features/ (the
 features stage), so bench/drafter_arms.py --workdir OUT measures walk tau on it. Resumable.
 """
@@ -24,11 +29,16 @@ from sglang_dflash.resumable_jsonl import append_rows, done_ids, read_rows
 from sglang_dflash.train import datagen, features
 
 
-def pick(src: str, per_family: int, seed: int = 0) -> list[dict]:
-    """per_family corpus rows of each family whose ids src's features never took (so no training
-    run on src has seen them); deterministic."""
-    seen = features.done_ids(os.path.join(src, "features"))
-    rows = [r for r in read_rows(os.path.join(src, "text.jsonl")) if r["id"] not in seen]
+def pick(srcs: list[str], per_family: int, seed: int = 0, seen_prefix: list[str] = ()) -> list[dict]:
+    """per_family corpus rows of each family whose ids no run in srcs featurized (nor the first N
+    documents of corpus.documents(S) for each "S:N" in seen_prefix); deterministic."""
+    from sglang_dflash.train import corpus
+
+    seen = {i for src in srcs for i in features.done_ids(os.path.join(src, "features"))}
+    for spec in seen_prefix:
+        s, n = map(int, spec.split(":"))
+        seen.update(d["id"] for d in corpus.documents(s)[:n])
+    rows = [r for r in read_rows(os.path.join(srcs[0], "text.jsonl")) if r["id"] not in seen]
     out = []
     for fam in sorted({r["family"] for r in rows}):
         mine = [r for r in rows if r["family"] == fam]
@@ -38,15 +48,22 @@ def pick(src: str, per_family: int, seed: int = 0) -> list[dict]:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--from", dest="src", required=True, help="a training workdir (text.jsonl, features/)")
+    ap.add_argument("--from", dest="src", nargs="+", required=True, help="training workdirs (text.jsonl, features/)")
+    ap.add_argument("--seen-prefix", nargs="*", default=[], help="SEED:N, a run's documents not on this machine")
     ap.add_argument("--out", required=True)
     ap.add_argument("--per-family", type=int, default=24)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--pick-only", action="store_true", help="write OUT/picked.jsonl and stop")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     model, path = derive(), os.path.join(a.out, "data.jsonl")
     done = done_ids(path)
-    todo = [r for r in pick(a.src, a.per_family) if "unseen-" + r["id"] not in done]
+    picked = pick(a.src, a.per_family, seen_prefix=a.seen_prefix)
+    with open(os.path.join(a.out, "picked.jsonl"), "w") as f:
+        f.writelines(json.dumps({"id": "unseen-" + r["id"], "source": r["id"]}) + "\n" for r in picked)
+    todo = [r for r in picked if "unseen-" + r["id"] not in done]
+    if a.pick_only:
+        return
     if todo:
         eng = datagen.make_engine(model, "bfloat16", 32768)
         t0 = time.time()

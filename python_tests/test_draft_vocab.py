@@ -187,3 +187,53 @@ def test_train_all_gives_datagen_one_thread(monkeypatch, tmp_path):
         monkeypatch.setattr(mod, fn, lambda *a, **k: {})
     main(["all", "--workdir", str(tmp_path), "--no-text", "--model", "M", "--threads", str(torch.get_num_threads())])
     assert "datagen" in seen["argv"] and seen["env"]["OMP_NUM_THREADS"] == "1"
+
+
+def test_unseen_set_skips_every_parents_documents(tmp_path):
+    """bench/unseen_set.py picks documents no run of a warm-start chain featurized: those in any
+    --from workdir's shards and the first N of corpus.documents(S) for --seen-prefix S:N."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    import unseen_set
+    from sglang_dflash.train import corpus
+
+    docs = corpus.documents(seed=0)[:30]
+    wd = tmp_path / "w"
+    (wd / "features").mkdir(parents=True)
+    rows = [{"id": d["id"], "family": d["family"]} for d in docs]
+    (wd / "text.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    torch.save({"ids": [docs[10]["id"], "p0"]}, wd / "features" / "shard_00000.pt")
+    got = {r["id"] for r in unseen_set.pick([str(wd)], per_family=100, seen_prefix=["0:5"])}
+    assert got == {d["id"] for d in docs[5:10] + docs[11:]}
+
+
+def test_train_all_skips_reused_runs_documents(monkeypatch, tmp_path):
+    """`train all --extra-features W0`: documents W0 already featurized (content-hashed ids) are not
+    featurized again; its answers' ids ("p<N>", not content) do not stop this run's answers."""
+    import subprocess
+
+    from sglang_dflash.train import export, features, trainer
+    from sglang_dflash.train.__main__ import main
+
+    old = tmp_path / "old"
+    (old / "features").mkdir(parents=True)
+    torch.save({"ids": ["text-00aa", "p0"]}, old / "features" / "shard_00000.pt")
+    seen = {}
+
+    class Proc:
+        pid = None
+
+        def __init__(self, argv, env=None):
+            pass
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Proc)
+    monkeypatch.setattr(features, "run", lambda *a, **k: seen.update(k) or {})
+    monkeypatch.setattr(trainer, "run", lambda *a, **k: seen.update(trainer=k) or {})
+    monkeypatch.setattr(export, "run", lambda *a, **k: {})
+    argv = ["all", "--workdir", str(tmp_path / "w"), "--no-text", "--model", "M", "--extra-features", str(old)]
+    main(argv + ["--threads", str(torch.get_num_threads())])
+    assert seen["skip"] == {"text-00aa"} and seen["trainer"]["extra_features"] == [str(old)]
