@@ -62,8 +62,10 @@ def heldout_prompts(tokenizer, n: int) -> list[list[int]]:
     ]
 
 
-def stream_one(url: str, ids: list[int], max_new: int, temperature: float, seed: int | None) -> dict:
-    sp = {"max_new_tokens": max_new, "temperature": temperature}
+def stream_one(
+    url: str, ids: list[int], max_new: int, temperature: float, seed: int | None, ignore_eos: bool = False
+) -> dict:
+    sp = {"max_new_tokens": max_new, "temperature": temperature, "ignore_eos": ignore_eos}
     if temperature > 0 and seed is not None:
         sp["sampling_seed"] = seed
     t0 = time.perf_counter()
@@ -113,14 +115,15 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))] if xs else float("nan")
 
 
-def run(srv, batch, conc, max_new, temp, seeded=True):
+def run(srv, batch, conc, max_new, temp, seeded=True, ignore_eos=False):
     """One measured row on a warm server whose prefix cache is flushed first."""
+    seed = (lambda i: i) if seeded else (lambda i: None)
     provenance.flush_cache(srv.url)
     before, st0, w0 = accept_hist(srv.url)
     t = time.perf_counter()
     with cf.ThreadPoolExecutor(conc) as ex:
         outs = list(
-            ex.map(lambda a: stream_one(srv.url, a[1], max_new, temp, a[0] if seeded else None), enumerate(batch))
+            ex.map(lambda a: stream_one(srv.url, a[1], max_new, temp, seed(a[0]), ignore_eos), enumerate(batch))
         )
     wall = time.perf_counter() - t
     after, st1, w1 = accept_hist(srv.url)
@@ -229,6 +232,11 @@ def main():
     ap.add_argument(
         "--unseeded", action="store_true", help="sampled requests without sampling_seed (DFlash 1 q proposal rules)"
     )
+    ap.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="every request runs to --max-new-tokens: sampled arms then compare equal workloads (their samples differ)",
+    )
     provenance.add_method_args(ap)
     ap.add_argument("--out", default=os.path.join(RESULTS, "real_bench.jsonl"))
     a = ap.parse_args()
@@ -257,7 +265,7 @@ def main():
                         r = {
                             "config": cfg,
                             "repeat": rep,
-                            **run(srv, batch[:n], c, a.max_new_tokens, temp, not a.unseeded),
+                            **run(srv, batch[:n], c, a.max_new_tokens, temp, not a.unseeded, a.ignore_eos),
                         }
                         print(
                             json.dumps({k: r[k] for k in ("config", "repeat", "temperature", "concurrency", "tok_s")}),
@@ -266,7 +274,7 @@ def main():
                         runs.append(r)
     rows = collate(runs, prov, argv, a.match_sched, a.max_new_tokens)
     for r in rows:
-        r["env"], r["seeded"] = arms[r["config"]][2], not a.unseeded
+        r["env"], r["seeded"], r["ignore_eos"] = arms[r["config"]][2], not a.unseeded, a.ignore_eos
     with open(a.out, "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
