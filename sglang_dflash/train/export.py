@@ -151,10 +151,7 @@ The command of this run:
 ```
 """
 
-EXTRA_NOTE = (
-    "\n- Beside these, the train split of earlier runs whose features were reused"
-    " (`--extra-features`): {}."
-)
+EXTRA_NOTE = "\n- Beside these, the train split of earlier runs whose features were reused (`--extra-features`): {}."
 
 WARM_NOTE = (
     ", warm-started from `{}` (its weights; the draft vocabulary re-chosen), so the steps,"

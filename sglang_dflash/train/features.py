@@ -176,9 +176,7 @@ def _shard_seqs(fdir: str):
             yield s["split"][i], Seq(sid, s["tokens"][r], s["feats"][r], int(s["answer_start"][i]), lab)
 
 
-def load_seqs(
-    workdir: str, extra: list[str] | tuple = (), per_dir: dict | None = None
-) -> tuple[list[Seq], list[Seq]]:
+def load_seqs(workdir: str, extra: list[str] | tuple = (), per_dir: dict | None = None) -> tuple[list[Seq], list[Seq]]:
     """The run's own train / held-out sequences, plus the train split of earlier runs' workdirs
     `extra` (their features are reused, not recomputed). Held-out stays the run's own so its curve
     measures prompts no parent saw; a sequence (same tokens) met twice is kept once. The split is a
