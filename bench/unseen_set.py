@@ -37,7 +37,7 @@ def pick(srcs: list[str], per_family: int, seed: int = 0, seen_prefix: list[str]
     seen = {i for src in srcs for i in features.done_ids(os.path.join(src, "features"))}
     for spec in seen_prefix:
         s, n = map(int, spec.split(":"))
-        seen.update(d["id"] for d in corpus.documents(s)[:n])
+        seen.update(d["id"] for d in corpus.documents(s, lib=False)[:n])
     rows = [r for r in read_rows(os.path.join(srcs[0], "text.jsonl")) if r["id"] not in seen]
     out = []
     for fam in sorted({r["family"] for r in rows}):

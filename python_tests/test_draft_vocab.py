@@ -4,6 +4,7 @@ trains a drafter: text-document labels cut at the first off-chain token, the mac
 import dataclasses
 import json
 import os
+from collections import Counter
 
 import pytest
 import torch
@@ -139,7 +140,16 @@ def test_corpus_is_ours_deterministic_and_train_only():
     docs = corpus.documents(seed=0)
     assert [d["id"] for d in docs[:50]] == [d["id"] for d in corpus.documents(seed=0)[:50]]
     assert len(docs) > 2000 and len({d["id"] for d in docs}) == len(docs)
-    assert {d["family"] for d in docs} == {"text-code", "text-prose"}
+    assert {d["family"] for d in docs} == {"text-code", "text-prose", "text-libcode"}
+    # library code comes after the stdlib + prose documents, whose order it leaves unchanged
+    base = corpus.documents(seed=0, lib=False)
+    assert [d["id"] for d in docs[: len(base)]] == [d["id"] for d in base]
+    assert {d["family"] for d in docs[len(base) :]} == {"text-libcode"} and len(docs) - len(base) > 2000
+    assert not any(corpus._BENCH_NAMES.search(m["content"]) for d in docs for m in d["messages"])
+    rels = [f.split("site-packages" + os.sep)[1] for f in corpus._lib_files()]
+    assert not any(set(r.split(os.sep)) & corpus._LIB_SKIP for r in rels)
+    per = Counter(r.split(os.sep)[0] for r in rels)
+    assert len(per) > 50 and max(per.values()) == corpus.LIB_FILES_PER_PACKAGE
     assert all(d["split"] == "train" and [m["role"] for m in d["messages"]] == ["user", "assistant"] for d in docs)
     held = {p["messages"][-1]["content"] for p in prompts.generate(3000) if p["split"] == "heldout"}
     assert not held & {d["messages"][0]["content"] for d in docs}

@@ -3,6 +3,9 @@
 Sources (no public benchmark set, nothing downloaded):
 - code: functions of the Python standard library with a docstring; the user asks to implement the
   signature + docstring, the assistant turn is the real source.
+- library code: the same, from the installed site-packages (LIB_FILES_PER_PACKAGE files of each
+  top-level package, so no one library dominates; tests, benchmarks, examples and evals skipped, as
+  is any file naming a public benchmark set).
 - prose: Python module docstrings and the README / markdown files under /usr/share/doc; the user
   asks to continue the opening lines, the assistant turn is what follows.
 The assistant turn is real text, not the target's answer, so features.py labels every position
@@ -15,15 +18,21 @@ Every document is in the train split: the held-out split stays the generated pro
 from __future__ import annotations
 
 import ast
+import functools
 import glob
 import gzip
 import hashlib
 import os
 import random
+import re
 import sysconfig
 
 DOC_ROOT = "/usr/share/doc"
 ID_PREFIX = "text-"  # a corpus document's id (datagen answers are "p<N>")
+LIB_FILES_PER_PACKAGE = 24
+_LIB_SKIP = {"test", "tests", "testing", "_pytest", "pytest", "sglang", "sglang_dflash", "benchmark", "benchmarks"}
+_LIB_SKIP |= {"example", "examples", "eval", "evals", "evaluation", "datasets", "__pycache__"}
+_BENCH_NAMES = re.compile(r"humaneval|gsm8k|mbpp|mt.?bench", re.I)  # never train near a public benchmark
 
 
 def _stdlib_files() -> list[str]:
@@ -33,14 +42,42 @@ def _stdlib_files() -> list[str]:
     return sorted(f for f in files if not any(f"/{s}" in f[len(lib) :] for s in skip))
 
 
-def code_docs() -> list[tuple[str, str]]:
-    """(user, assistant): implement a stdlib function from its signature and docstring."""
+def _lib_files(per_package: int = LIB_FILES_PER_PACKAGE) -> list[str]:
+    """per_package .py files of each installed top-level package, picked by a hash of the path
+    relative to site-packages (the same pick on every machine with the same packages)."""
+    root = sysconfig.get_paths()["purelib"]
+    per: dict[str, list[str]] = {}
+    for d, dirs, files in os.walk(root):
+        rel = os.path.relpath(d, root)
+        dirs[:] = sorted(x for x in dirs if x not in _LIB_SKIP and not x.endswith(".dist-info"))
+        if rel == ".":
+            continue
+        for f in files:
+            if f.endswith(".py") and not f.startswith("test"):
+                per.setdefault(rel.split(os.sep)[0], []).append(os.path.relpath(os.path.join(d, f), root))
     out = []
-    for path in _stdlib_files():
+    for _, rels in sorted(per.items()):
+        rels.sort(key=lambda r: hashlib.sha1(r.encode()).hexdigest())
+        out += [os.path.join(root, r) for r in rels[:per_package]]
+    return out
+
+
+@functools.cache
+def _lib_docs() -> tuple[tuple[str, str], ...]:
+    return tuple(code_docs(_lib_files()))  # ~15 s of parsing: once per process
+
+
+def code_docs(files: list[str] | None = None) -> list[tuple[str, str]]:
+    """(user, assistant): implement a function (of the stdlib, or of `files`) from its signature and
+    docstring."""
+    out = []
+    for path in _stdlib_files() if files is None else files:
         try:
             src = open(path, encoding="utf-8").read()
             tree = ast.parse(src)
-        except (SyntaxError, UnicodeDecodeError, OSError):
+        except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
+            continue
+        if _BENCH_NAMES.search(src):
             continue
         lines = src.splitlines()
         for node in ast.walk(tree):
@@ -97,18 +134,24 @@ def prose_docs(chunk_chars: int = 1400) -> list[tuple[str, str]]:
     return out
 
 
-def documents(seed: int = 0) -> list[dict]:
-    """Every document, in a fixed shuffled order: {"id", "family", "messages"}."""
+def documents(seed: int = 0, lib: bool = True) -> list[dict]:
+    """Every document, in a fixed shuffled order: {"id", "family", "messages"}. The library code
+    comes after the stdlib and prose documents (shuffled apart), so the first N documents of a
+    seed stay what they were before it was added (bench/unseen_set.py's --seen-prefix)."""
     docs = [("code", u, a) for u, a in code_docs()] + [("prose", u, a) for u, a in prose_docs()]
+    groups = [docs, [("libcode", u, a) for u, a in _lib_docs()] if lib else []]
     seen, out = set(), []
-    for fam, user, ans in docs:
-        h = hashlib.sha1((user + ans).encode()).hexdigest()[:16]
-        if h in seen:  # the same README ships in several packages
-            continue
-        seen.add(h)
-        msgs = [{"role": "user", "content": user}, {"role": "assistant", "content": ans}]
-        out.append({"id": f"{ID_PREFIX}{h}", "family": f"text-{fam}", "split": "train", "messages": msgs})
-    random.Random(seed).shuffle(out)
+    for group in groups:
+        mine = []
+        for fam, user, ans in group:
+            h = hashlib.sha1((user + ans).encode()).hexdigest()[:16]
+            if h in seen:  # the same README ships in several packages
+                continue
+            seen.add(h)
+            msgs = [{"role": "user", "content": user}, {"role": "assistant", "content": ans}]
+            mine.append({"id": f"{ID_PREFIX}{h}", "family": f"text-{fam}", "split": "train", "messages": msgs})
+        random.Random(seed).shuffle(mine)
+        out += mine
     return out
 
 

@@ -116,8 +116,9 @@ Both sources are ours (no public dataset, nothing downloaded):
   in bf16: {prompt_tok} prompt + {answer_tok} answer tokens; {heldout} held out by hash (the
   held-out split every tau below is measured on).
 - {text_docs} chat documents built from text installed on the machine (`sglang_dflash/train/corpus.py`:
-  Python standard-library functions to implement from signature + docstring, continuations of
-  /usr/share/doc READMEs and module docstrings): {text_tok} assistant tokens labelled with the
+  functions of the Python standard library and of the installed site-packages (`text-libcode`) to
+  implement from signature + docstring, continuations of /usr/share/doc READMEs and module
+  docstrings): {text_tok} assistant tokens labelled with the
   target's own argmax in one prefill per document (a block label counts only while the text
   follows the target's greedy chain, so every label is the token serving would verify).
 Families: {families}.{extra}
