@@ -101,6 +101,36 @@ def _tiny_workdir(tmp_path):
     return str(wd)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_head_loss_equals_weighted_cross_entropy(dtype):
+    """head_loss.head_cross_entropy (the trainer's loss, fused and chunked) gives the loss and the
+    hidden-state gradient of the unfused recipe: weighted F.cross_entropy over the logits of a frozen
+    head, -100 targets skipped, row counts not a multiple of the chunk."""
+    import torch.nn.functional as F
+
+    from sglang_dflash.train.head_loss import head_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    head = (torch.randn(300, 24, generator=g) * 0.3).to(dtype)
+    h0 = torch.randn(77, 24, generator=g)
+    tgt = torch.randint(0, 300, (77,), generator=g)
+    tgt[::5] = -100
+    w = torch.exp(-(torch.arange(77) % 15) / 4.0)
+
+    def ref(h):
+        ce = F.cross_entropy((h.to(dtype) @ head.t()).float(), tgt, reduction="none")
+        m = w * (tgt >= 0)
+        return (ce * m).sum() / m.sum()
+
+    h1, h2 = h0.clone().requires_grad_(), h0.clone().requires_grad_()
+    want, got = ref(h1), head_cross_entropy(h2, head, tgt, w, chunk=16)
+    want.backward(), got.backward()
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(h2.grad, h1.grad, rtol=tol, atol=tol * float(h1.grad.abs().max()))
+    assert float((h2.grad - h1.grad).abs().max()) < 0.1 * float(h1.grad.abs().max())
+
+
 def test_tiny_overfit_and_export_round_trip(tmp_path):
     torch.set_num_threads(1)
     target = str(tiny_model_cache("llama", "float32"))

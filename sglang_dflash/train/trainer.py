@@ -19,7 +19,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 from sglang_dflash.model.config import parse_drafter_config
 from sglang_dflash.model.drafter import DFlashDrafter
@@ -27,6 +26,7 @@ from sglang_dflash.model.draft_vocab import coverage, d2t_from_ids, most_frequen
 from sglang_dflash.train.corpus import ID_PREFIX
 from sglang_dflash.train.blocks import Seq, block_hidden, eval_tau, sample_anchors, walk_tau
 from sglang_dflash.train.features import load_seqs
+from sglang_dflash.train.head_loss import head_cross_entropy
 from sglang_dflash.train.warm_start import warm_start
 
 
@@ -229,11 +229,8 @@ def run(
         tgt = torch.where(targets >= 0, remap[targets.clamp(min=0)], torch.full_like(targets, -100))
         negs = comp[torch.randperm(comp.numel(), generator=g)[:negatives]]
         head = embed[torch.cat([vocab, negs])].to(torch.bfloat16)  # [V_sub + neg, H]; targets index the first V_sub
-        n, k, h = hidden.shape
-        logits = (hidden.reshape(n * k, h).to(torch.bfloat16) @ head.t()).float().view(n, k, -1)  # [n, B-1, V]
-        ce = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), reduction="none").view_as(tgt)
-        w = weights[None, :] * (tgt >= 0)
-        loss = (ce * w).sum() / w.sum()
+        n, k, h = hidden.shape  # the head's logits are most of a step: fused, chunked (head_loss.py)
+        loss = head_cross_entropy(hidden.reshape(n * k, h), head, tgt.flatten(), weights.expand(n, k).flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -246,7 +243,7 @@ def run(
         st["tokens"] = st.get("tokens", 0) + int((tgt >= 0).sum())
         losses.append(loss.item())
         bar.update(1)
-        acc = (logits[:, 0].argmax(-1) == tgt[:, 0]).float().mean()
+        acc = ((hidden[:, 0].detach().to(head.dtype) @ head.t()).argmax(-1) == tgt[:, 0]).float().mean()
         bar.set_postfix(
             loss=f"{loss.item():.3f}", acc1=f"{acc:.2f}", tok_s=f"{tokens / (time.time() - t0):.0f}", refresh=False
         )
