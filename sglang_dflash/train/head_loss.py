@@ -22,11 +22,13 @@ class _HeadCE(torch.autograd.Function):
             r = slice(s, s + chunk)
             w, t = weights[r], targets[r]
             x = logits[r].float()  # [n, V]
-            lse = torch.logsumexp(x, -1)  # [n]
-            loss += (w * (lse - x.gather(1, t[:, None])[:, 0])).sum()
-            x.sub_(lse[:, None]).exp_()  # softmax
-            x[rows[: t.shape[0]], t] -= 1.0
-            logits[r] = x.mul_(w[:, None])  # d loss / d logits
+            xt = x.gather(1, t[:, None])[:, 0]
+            m = x.amax(-1, keepdim=True)
+            z = x.sub_(m).exp_().sum(-1, keepdim=True)  # one exp per logit (logsumexp + softmax take two)
+            loss += (w * (m[:, 0] + z[:, 0].log() - xt)).sum()
+            x.mul_(w[:, None] / z)  # w * softmax
+            x[rows[: t.shape[0]], t] -= w
+            logits[r] = x  # d loss / d logits
         grad = torch.mm(logits, head).to(hidden.dtype)  # [N, H]
         ctx.save_for_backward(grad)
         return loss
