@@ -165,6 +165,7 @@ def run(
     comp = torch.ones(embed.shape[0], dtype=torch.bool)
     comp[vocab] = False
     comp = comp.nonzero().squeeze(1)  # tokens never in a train answer: sampled as extra negatives
+    fixed_head = embed[vocab].to(torch.bfloat16)  # [V_sub, H]: the head when no negatives are sampled
     remap = torch.full((embed.shape[0],), -100, dtype=torch.int64)
     remap[vocab] = torch.arange(vocab.numel())
     opt = torch.optim.AdamW(drafter.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
@@ -228,7 +229,8 @@ def run(
         # hidden [n, B-1, H] rows 1..B-1; targets [n, B-1] token ids (-100 past the sequence end)
         tgt = torch.where(targets >= 0, remap[targets.clamp(min=0)], torch.full_like(targets, -100))
         negs = comp[torch.randperm(comp.numel(), generator=g)[:negatives]]
-        head = embed[torch.cat([vocab, negs])].to(torch.bfloat16)  # [V_sub + neg, H]; targets index the first V_sub
+        # [V_sub + neg, H]; targets index the first V_sub. Without negatives it never changes: gathered once.
+        head = embed[torch.cat([vocab, negs])].to(torch.bfloat16) if negs.numel() else fixed_head
         n, k, h = hidden.shape  # the head's logits are most of a step: fused, chunked (head_loss.py)
         loss = head_cross_entropy(hidden.reshape(n * k, h), head, tgt.flatten(), weights.expand(n, k).flatten())
         opt.zero_grad(set_to_none=True)
