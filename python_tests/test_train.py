@@ -14,10 +14,12 @@ from sglang_dflash.model.config import DrafterConfigError, parse_drafter_config
 from sglang_dflash.testing.reference import draft_block
 from sglang_dflash.pipeline.context_kv import DraftKVCache
 from sglang_dflash.model.drafter import DFlashDrafter
+from sglang_dflash.model.draft_vocab import d2t_from_ids
 from sglang_dflash.pipeline.context_kv import write_context
 from sglang_dflash.testing.tiny_models import tiny_model_cache
 from sglang_dflash.train import export, features, prompts, trainer
 from sglang_dflash.train.blocks import Seq, block_hidden
+from sglang_dflash.train.export import write_checkpoint
 from sglang_dflash.testing.tiny_config import tiny_cfg_dict
 
 
@@ -223,6 +225,21 @@ def test_tiny_reduced_vocab_training_and_export(tmp_path):
     export.run(wd, target, str(tmp_path / "warm"), command="t", eval_anchors=40, seed=5)
     card = (tmp_path / "warm" / "README.md").read_text()
     assert "(seed 5;" in card and f"warm-started from `{tmp_path / 'drafter'}`" in card
+    # --keep-draft-vocab: the parent's vocabulary, not this run's most frequent labels (a parent
+    # whose d2t is not this run's top 16), into the checkpoint and the export; no d2t: an error by name
+    parent = load_file(str(tmp_path / "drafter" / "model.safetensors"))
+    odd = torch.tensor(sorted(set(range(40, 56)) | {2}))[:16]
+    write_checkpoint(str(tmp_path / "odd"), json.loads((tmp_path / "drafter" / "config.json").read_text()),
+                     {**parent, "d2t": d2t_from_ids(odd)})  # fmt: skip
+    kept = trainer.run(wd, target, block_size=4, init_from=str(tmp_path / "odd"), **kw, keep_draft_vocab=True)
+    assert kept["best_tau"] < warm  # its argmax can only land on 40..55: the odd vocabulary is in use
+    export.run(wd, target, str(tmp_path / "kept"), command="t", eval_anchors=40)
+    assert torch.equal(load_file(str(tmp_path / "kept" / "model.safetensors"))["d2t"], d2t_from_ids(odd))
+    full_cfg = json.loads((tmp_path / "drafter" / "config.json").read_text())
+    full_cfg.pop("draft_vocab_size")
+    write_checkpoint(str(tmp_path / "full"), full_cfg, {k: v for k, v in parent.items() if k != "d2t"})
+    with pytest.raises(DrafterConfigError, match="no reduced draft vocabulary"):
+        trainer.run(wd, target, block_size=4, init_from=str(tmp_path / "full"), **kw, keep_draft_vocab=True)
     with pytest.raises(DrafterConfigError, match="block_size is 4, this run's is 8"):
         trainer.run(wd, target, block_size=8, init_from=str(tmp_path / "drafter"), **kw)
 

@@ -54,6 +54,7 @@ def main(argv=None):
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--steps", type=int, default=100000)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup-steps", type=int, default=60, help="linear lr warm-up steps")
     ap.add_argument("--anchors", type=int, default=8, help="anchors per training sequence")
     ap.add_argument("--seqs", type=int, default=16, help="sequences per training step")
     ap.add_argument("--negatives", type=int, default=8192, help="sampled out-of-answer-vocab negatives per step")
@@ -67,6 +68,7 @@ def main(argv=None):
     )
     ap.add_argument("--no-text", action="store_true", help="answers only (no corpus, no documents)")
     ap.add_argument("--draft-vocab", type=int, default=0, help="train over a reduced draft vocabulary (0: full)")
+    ap.add_argument("--keep-draft-vocab", action="store_true", help="train over --init-from's draft vocabulary")
     ap.add_argument("--export-vocab", type=int, default=-1, help="export cut: -1 measured choice, 0 full, N")
     ap.add_argument("--threads", type=int, default=2, help="torch threads for features and training")
     ap.add_argument("--export-margin-minutes", type=float, default=4.0)
@@ -156,6 +158,8 @@ def main(argv=None):
             no_text=a.no_text,
             init_from=a.init_from,
             extra_features=a.extra_features,
+            warmup=a.warmup_steps,
+            keep_draft_vocab=a.keep_draft_vocab,
         )
     if a.stage in ("all", "export"):
         from sglang_dflash.train import export

@@ -27,7 +27,7 @@ from sglang_dflash.train.corpus import ID_PREFIX
 from sglang_dflash.train.blocks import Seq, block_hidden, eval_tau, sample_anchors, walk_tau
 from sglang_dflash.train.features import load_seqs
 from sglang_dflash.train.head_loss import head_cross_entropy
-from sglang_dflash.train.warm_start import warm_start
+from sglang_dflash.train.warm_start import parent_vocab, warm_start
 
 
 def drafter_config_dict(
@@ -118,6 +118,8 @@ def run(
     no_text: bool = False,
     init_from: str | None = None,
     extra_features: list[str] | tuple = (),
+    warmup: int = 60,
+    keep_draft_vocab: bool = False,
 ) -> dict:
     """Train until `steps` or `deadline` (epoch s), checkpointing every ckpt_minutes (held-out tau each
     time; best.pt keeps the best). anchors per sequence x seqs sequences per step. On SmolLM2, moving
@@ -131,7 +133,9 @@ def run(
     checkpoint carries d2t. Checkpoints are ranked by the serving-equivalent walk tau over the first
     128 tokens of walk_seqs held-out answers; the per-anchor tau is logged beside it.
     init_from: an exported drafter folder to start from (warm_start.py); a resumed last.pt wins.
-    extra_features: earlier runs' workdirs whose train split is trained on too (load_seqs)."""
+    extra_features: earlier runs' workdirs whose train split is trained on too (load_seqs).
+    keep_draft_vocab: the init_from drafter's draft vocabulary instead of this run's N most frequent.
+    warmup: steps of linear lr warm-up (a warm start's parent ended at 10% of its peak lr)."""
     from tqdm import tqdm
 
     torch.manual_seed(seed)
@@ -147,6 +151,9 @@ def run(
     counts = torch.bincount(torch.cat([_labels(s) for s in train]), minlength=tcfg["vocab_size"])
     cdict = drafter_config_dict(tcfg, num_layers, block_size, layer_ids, mask_token_id_for(model))
     dv = most_frequent(counts, draft_vocab) if draft_vocab else None  # [N] token ids the drafter scores
+    if keep_draft_vocab:
+        dv = parent_vocab(init_from)
+        draft_vocab = dv.numel()
     if dv is not None:
         cdict["draft_vocab_size"] = draft_vocab
     cfg = parse_drafter_config(cdict, tcfg["num_hidden_layers"])
@@ -237,7 +244,7 @@ def run(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         for grp in opt.param_groups:
-            grp["lr"] = lr * lr_factor(st["step"], st["train_s"] / budget)
+            grp["lr"] = lr * lr_factor(st["step"], st["train_s"] / budget, warmup)
         opt.step()
         st["step"] += 1
         st["train_s"] += time.time() - ts
@@ -266,6 +273,7 @@ def run(
     }
     summary = dict(out, anchors_per_step=anchors * seqs, train_seqs=len(train), heldout_seqs=len(held))
     summary |= dict(gamma=gamma, draft_vocab=draft_vocab, no_text=no_text, init_from=init_from, lr=lr)
+    summary |= dict(warmup=warmup, keep_draft_vocab=keep_draft_vocab)
     summary |= dict(extra_features=list(extra_features), train_seqs_by_workdir=per_dir)
     summary |= dict(walk_seqs=min(walk_seqs, len(held)), label_coverage=coverage(counts, vocab))
     summary |= dict(threads=torch.get_num_threads(), command=command, history=st["history"])

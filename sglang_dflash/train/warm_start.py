@@ -3,8 +3,9 @@
 The learning curve of the shipped drafter was still rising when its budget ended (held-out walk
 tau +0.2 per doubling of trained tokens), and its optimizer state lives only in the workdir that
 trained it. Exported weights are what survives a machine, so a longer run is a warm-started one.
-The draft vocabulary (d2t) is not carried over: it is re-chosen from this run's labels, and the
-head is the target's own frozen LM head either way.
+The draft vocabulary (d2t) is re-chosen from this run's labels unless the run keeps the parent's
+(parent_vocab: a run whose own labels are few or narrow keeps the vocabulary the whole chain's data
+chose); the head is the target's own frozen LM head either way.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from sglang_dflash.model.config import DrafterConfig, DrafterConfigError, load_drafter_config
+from sglang_dflash.model.draft_vocab import ids_from_d2t
 from sglang_dflash.model.loader import read_state_dict
 
 # What must agree for the weights to mean the same thing in the new run.
@@ -41,3 +43,11 @@ def warm_start(drafter: torch.nn.Module, cfg: DrafterConfig, path: str, target_n
         for k, v in state.items():
             own[k].copy_(v.to(own[k].dtype))
     return len(state)
+
+
+def parent_vocab(path: str) -> torch.Tensor:
+    """The exported drafter's draft vocabulary: target token ids [N]; one without d2t fails by name."""
+    d2t = read_state_dict(path).get("d2t")
+    if d2t is None:
+        raise DrafterConfigError(f"--keep-draft-vocab: {path!r} has no reduced draft vocabulary (no 'd2t' weight)")
+    return ids_from_d2t(d2t)
