@@ -332,3 +332,43 @@ def test_deadline_is_the_next_such_time():
     assert parse_deadline("01:15", now) - now.timestamp() == 85 * 60  # after midnight: tomorrow
     assert parse_deadline("23:59", now) - now.timestamp() == 9 * 60
     assert parse_deadline(None) is None
+
+
+def test_sharded_datagen_splits_prompts_and_features_read_every_shard(monkeypatch, tmp_path):
+    """--datagen-procs N: N datagen processes answer disjoint shards that cover the prompts, each into
+    its own file, waited for before the features; the features and the card read every shard's file."""
+    import subprocess
+
+    from sglang_dflash.train import datagen
+    from sglang_dflash.train.__main__ import main
+
+    every = [p["id"] for p in prompts.generate(50, 3)]
+    parts = [[p["id"] for p in datagen.shard_prompts(50, 3, k, 3, set())] for k in range(3)]
+    assert sorted(sum(parts, [])) == sorted(every) and all(parts) and len(set(sum(parts, []))) == 50
+    assert every[4] not in [p["id"] for p in datagen.shard_prompts(50, 3, 1, 3, {every[4]})]
+    for name, rid in (("data.jsonl", "p0"), ("data.1.jsonl", "p1"), ("data.10.jsonl", "p3"), ("text.jsonl", "t")):
+        with open(tmp_path / name, "w") as f:
+            f.write(
+                json.dumps({"id": rid, "split": "train", "family": "f", "prompt_ids": [1], "answer_ids": [2]}) + "\n"
+            )
+    assert [r["id"] for r in features.read_new(str(tmp_path), {"p0"})] == ["p1", "p3", "t"]
+    assert export.data_stats(str(tmp_path))["sequences"] == 3
+    spawned, seen = [], {}
+
+    class Proc:
+        pid = 4242
+
+        def __init__(self, argv, env=None):
+            spawned.append(argv)
+
+        def wait(self):
+            seen["waited"] = seen.get("waited", 0) + 1
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Proc)
+    monkeypatch.setattr(features, "run", lambda *a, **k: seen.update(k, waited_before=seen.get("waited")) or {})
+    monkeypatch.setattr(trainer, "run", lambda *a, **k: {})
+    monkeypatch.setattr(export, "run", lambda *a, **k: {})
+    main(["all", "--workdir", str(tmp_path / "w"), "--no-text", "--model", "M", "--datagen-procs", "2"])
+    shards = [(a[a.index("--shard") + 1], a[a.index("--shards") + 1]) for a in spawned]
+    assert shards == [("0", "2"), ("1", "2")] and seen["waited_before"] == 2 and seen["follow_pid"] is None

@@ -4,12 +4,15 @@ python -m sglang_dflash.train datagen --workdir W [--n N] [--deadline HH:MM]
 
 Plain decoding (no speculation), temperature 0. Writes W/data.jsonl, one line per prompt:
 {"id", "family", "split", "prompt_ids": [...], "answer_ids": [...]} (answer_ids as generated, the
-final <|im_end|> included when the model stopped). Resumable: ids already in the file are skipped.
-On CPU the Engine runs with the settings of sglang_dflash/cpu_serving.py.
+final <|im_end|> included when the model stopped). Resumable: ids already in any answer file are
+skipped. On CPU the Engine runs with the settings of sglang_dflash/cpu_serving.py.
+Sharded (--shard K --shards N): process K answers every N-th prompt into W/data.K.jsonl (K = 0:
+data.jsonl), so N processes, one per core, generate side by side: one Engine decodes on one core.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import sys
@@ -17,6 +20,17 @@ import time
 
 from sglang_dflash.resumable_jsonl import append_rows, done_ids
 from sglang_dflash.train.prompts import generate
+
+
+def answer_files(workdir: str) -> list[str]:
+    """Every shard's answer file, data.jsonl first."""
+    shards = glob.glob(os.path.join(workdir, "data.*.jsonl"))
+    return [os.path.join(workdir, "data.jsonl")] + sorted(shards, key=lambda f: int(f.split(".")[-2]))
+
+
+def shard_prompts(n: int, seed: int, shard: int, shards: int, done: set) -> list[dict]:
+    """Shard `shard` of `shards`: every shards-th of the first n prompts, those not answered yet."""
+    return [p for i, p in enumerate(generate(n, seed)) if i % shards == shard and p["id"] not in done]
 
 
 def make_engine(model: str, dtype: str, max_total_tokens: int):
@@ -46,15 +60,18 @@ def run(
     dtype: str = "bfloat16",
     deadline: float | None = None,
     max_total_tokens: int = 32768,
+    shard: int = 0,
+    shards: int = 1,
 ) -> dict:
-    """Generate answers for the first n prompts; stop starting new batches after `deadline` (epoch s)."""
+    """Generate answers for the first n prompts (this shard's); stop starting new batches after
+    `deadline` (epoch s)."""
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
     os.makedirs(workdir, exist_ok=True)
-    out_path = os.path.join(workdir, "data.jsonl")
-    done = done_ids(out_path)
-    todo = [p for p in generate(n, seed) if p["id"] not in done]
+    out_path = os.path.join(workdir, f"data.{shard}.jsonl" if shard else "data.jsonl")
+    done = set().union(*(done_ids(f) for f in answer_files(workdir)))
+    todo = shard_prompts(n, seed, shard, shards, done)
     stats = {"skipped": len(done), "written": 0, "tokens": 0, "wall_s": 0.0}
     if not todo:
         return stats

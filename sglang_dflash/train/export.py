@@ -44,15 +44,16 @@ def load_exported(out: str, model: str, dtype=torch.bfloat16):
 
 
 def data_stats(workdir: str) -> dict:
-    """Sizes of the two sources: datagen's answers (data.jsonl) and the text documents that made
+    """Sizes of the two sources: datagen's answers (data*.jsonl) and the text documents that made
     it into the features (text.jsonl rows featurized before the deadline)."""
     from sglang_dflash.resumable_jsonl import read_rows
+    from sglang_dflash.train.datagen import answer_files
     from sglang_dflash.train.features import done_ids
 
     featurized = done_ids(os.path.join(workdir, "features"))
     st = {"sequences": 0, "heldout": 0, "prompt_tokens": 0, "answer_tokens": 0, "families": {}}
     st.update(text_docs=0, text_tokens=0)
-    for r in read_rows(os.path.join(workdir, "data.jsonl")):
+    for r in (r for f in answer_files(workdir) for r in read_rows(f)):
         st["sequences"] += 1
         st["heldout"] += r["split"] == "heldout"
         st["prompt_tokens"] += len(r["prompt_ids"])

@@ -1,6 +1,6 @@
 """Stage 2: target hidden states at the drafter's target_layer_ids, stored as bf16 shards.
 
-Reads W/data.jsonl (the target's answers) and W/text.jsonl (corpus.py: real text), runs the target
+Reads W/data.jsonl (the target's answers; datagen shards' data.K.jsonl too) and W/text.jsonl (corpus.py: real text), runs the target
 (HF transformers, `output_hidden_states=True`) over prompt + answer one sequence at a time (no
 padding), and writes W/features/shard_NNNNN.pt:
 {"ids": [str], "split": [str], "offsets": int64 [n+1], "answer_start": int64 [n],
@@ -71,7 +71,10 @@ def done_ids(fdir: str) -> set:
 def read_new(workdir: str, done: set) -> list[dict]:
     """Complete rows not yet featurized: datagen's answers (datagen may still be appending to its
     file), then the text documents."""
-    rows = [r for name in ("data.jsonl", "text.jsonl") for r in read_rows(os.path.join(workdir, name))]
+    from sglang_dflash.train.datagen import answer_files
+
+    files = answer_files(workdir) + [os.path.join(workdir, "text.jsonl")]
+    rows = [r for name in files for r in read_rows(name)]
     return [r for r in rows if r["id"] not in done and r["answer_ids"]]
 
 
