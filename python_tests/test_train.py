@@ -224,7 +224,10 @@ def test_tiny_reduced_vocab_training_and_export(tmp_path):
     assert [h["step"] for h in hist] == [0, 5] and ruin["best_tau"] == warm and hist[1]["tau"] < warm, hist
     export.run(wd, target, str(tmp_path / "warm"), command="t", eval_anchors=40, seed=5)
     card = (tmp_path / "warm" / "README.md").read_text()
-    assert "(seed 5;" in card and f"warm-started from `{tmp_path / 'drafter'}`" in card
+    assert (
+        "(seed 5;" in card
+        and f"warm-started from `{tmp_path / 'drafter'}` (its weights; the draft vocabulary re-chosen)" in card
+    )
     # --keep-draft-vocab: the parent's vocabulary, not this run's most frequent labels (a parent
     # whose d2t is not this run's top 16), into the checkpoint and the export; no d2t: an error by name
     parent = load_file(str(tmp_path / "drafter" / "model.safetensors"))
@@ -235,6 +238,7 @@ def test_tiny_reduced_vocab_training_and_export(tmp_path):
     assert kept["best_tau"] < warm  # its argmax can only land on 40..55: the odd vocabulary is in use
     export.run(wd, target, str(tmp_path / "kept"), command="t", eval_anchors=40)
     assert torch.equal(load_file(str(tmp_path / "kept" / "model.safetensors"))["d2t"], d2t_from_ids(odd))
+    assert "(its weights; the draft vocabulary kept)" in (tmp_path / "kept" / "README.md").read_text()
     full_cfg = json.loads((tmp_path / "drafter" / "config.json").read_text())
     full_cfg.pop("draft_vocab_size")
     write_checkpoint(str(tmp_path / "full"), full_cfg, {k: v for k, v in parent.items() if k != "d2t"})

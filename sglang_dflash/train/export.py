@@ -156,7 +156,7 @@ The command of this run:
 EXTRA_NOTE = "\n- Beside these, the train split of earlier runs whose features were reused (`--extra-features`): {}."
 
 WARM_NOTE = (
-    ", warm-started from `{}` (its weights; the draft vocabulary re-chosen), so the steps,"
+    ", warm-started from `{}` (its weights; the draft vocabulary {}), so the steps,"
     " tokens and learning curve below add to that drafter's own"
 )
 
@@ -231,7 +231,9 @@ def run(
         train_min=st["train_s"] / 60,
         rate=f" ({summ['tok_s']:.0f} block tokens/s)" if summ.get("tok_s") else "",
         extra=EXTRA_NOTE.format(extra_text(summ)) if summ.get("extra_features") else "",
-        warm=WARM_NOTE.format(summ["init_from"]) if summ.get("init_from") else "",
+        warm=WARM_NOTE.format(summ["init_from"], "kept" if summ.get("keep_draft_vocab") else "re-chosen")
+        if summ.get("init_from")
+        else "",
         eval_n=sum(a.numel() for _, a in eval_set),
         vocab_note=f", reduced draft vocabulary of {n_vocab} tokens" if n_vocab else "",
         cut=cut_text(cut_rows, n_vocab),
