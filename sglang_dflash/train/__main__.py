@@ -140,7 +140,7 @@ def main(argv=None):
                 subprocess.Popen([sys.executable, "-m", "sglang_dflash.train", *argv_gen, "--shard", str(k)], env=env)
                 for k in range(a.datagen_procs)
             ]
-            if a.datagen_procs > 1:  # every core decodes (2 x 160 tokens/s vs 92 beside the features), then features
+            if a.datagen_procs > 1:  # every core decodes (2 x 138 tokens/s vs 92 beside the features), then features
                 for p in procs:
                     p.wait()
             else:  # one datagen process beside the features (the other core)
