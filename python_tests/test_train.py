@@ -376,3 +376,36 @@ def test_sharded_datagen_splits_prompts_and_features_read_every_shard(monkeypatc
     main(["all", "--workdir", str(tmp_path / "w"), "--no-text", "--model", "M", "--datagen-procs", "2"])
     shards = [(a[a.index("--shard") + 1], a[a.index("--shards") + 1]) for a in spawned]
     assert shards == [("0", "2"), ("1", "2")] and seen["waited_before"] == 2 and seen["follow_pid"] is None
+
+
+def test_mix_interpolates_one_chains_drafters(tmp_path):
+    """train mix: (1 - w) x parent + w x child, tensor by tensor, d2t copied (never averaged), the
+    child's config beside it; drafters with different draft vocabularies are refused by name."""
+    from safetensors.torch import save_file
+
+    from sglang_dflash.train.__main__ import main
+    from sglang_dflash.train.interpolate import interpolate
+
+    d2t = torch.tensor([5, 5, 7])
+    for name, val in (("parent", 1.0), ("child", 3.0), ("other", 3.0)):
+        (tmp_path / name).mkdir()
+        other = d2t + (name == "other")
+        save_file(
+            {"w": torch.full((2, 3), val, dtype=torch.bfloat16), "d2t": other},
+            str(tmp_path / name / "model.safetensors"),
+        )
+        (tmp_path / name / "config.json").write_text(json.dumps({"who": name}))
+    mixed = interpolate(str(tmp_path / "parent"), str(tmp_path / "child"), str(tmp_path / "m"), 0.75)
+    saved = load_file(str(tmp_path / "m" / "model.safetensors"))
+    assert torch.equal(saved["w"], torch.full((2, 3), 2.5, dtype=torch.bfloat16)) and torch.equal(saved["d2t"], d2t)
+    assert (
+        torch.equal(mixed["w"], saved["w"])
+        and json.loads((tmp_path / "m" / "config.json").read_text())["who"] == "child"
+    )
+    argv = ["mix", "--drafter", str(tmp_path / "parent"), "--init-from", str(tmp_path / "child"), "--model", "M"]
+    main(argv + ["--mix-weight", "0.25", "--out", str(tmp_path / "cli")])
+    assert float(load_file(str(tmp_path / "cli" / "model.safetensors"))["w"][0, 0]) == 1.5
+    with pytest.raises(DrafterConfigError, match="'d2t' differs"):
+        interpolate(str(tmp_path / "parent"), str(tmp_path / "other"), str(tmp_path / "bad"), 0.5)
+    with pytest.raises(ValueError, match="--mix-weight 1.5"):
+        interpolate(str(tmp_path / "parent"), str(tmp_path / "child"), str(tmp_path / "bad"), 1.5)

@@ -3,6 +3,7 @@
 python -m sglang_dflash.train all --workdir /work/train_run --deadline 14:40
 python -m sglang_dflash.train {corpus,datagen,features,train,export} --workdir W [...]
 python -m sglang_dflash.train cut --drafter DIR --workdir W --out DIR2   (reduced draft vocabulary)
+python -m sglang_dflash.train mix --drafter PARENT --init-from CHILD --mix-weight 0.7 --out DIR2
 
 Stages: corpus (text documents from this machine, corpus.py), datagen (the target's greedy answers to
 generated prompts), features (target features + labels, one prefill per sequence), train, export.
@@ -40,7 +41,7 @@ def parse_deadline(s: str | None, now: dt.datetime | None = None) -> float | Non
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("stage", choices=["all", "corpus", "datagen", "features", "train", "export", "cut"])
+    ap.add_argument("stage", choices=["all", "corpus", "datagen", "features", "train", "export", "cut", "mix"])
     ap.add_argument("--workdir", default="/work/train_run")
     ap.add_argument("--model", default=None, help="target HF folder (default: the embedded SmolLM2)")
     ap.add_argument("--deadline", default=None, help="HH:MM UTC (the next one to come); every stage respects it")
@@ -85,6 +86,7 @@ def main(argv=None):
     ap.add_argument(
         "--extra-features", nargs="*", default=[], help="earlier runs' workdirs: their train split is trained on too"
     )
+    ap.add_argument("--mix-weight", type=float, default=0.7, help="mix: the child's (--init-from) share")
     ap.add_argument("--out", default=DRAFTER_DIR, help="export folder")
     ap.add_argument("--drafter", default=DRAFTER_DIR, help="cut: the exported drafter to give a reduced vocabulary")
     a = ap.parse_args(argv)
@@ -193,6 +195,10 @@ def main(argv=None):
         export.run(
             a.workdir, a.model, a.out, cmd, seed=a.seed, max_new_tokens=a.max_new_tokens, draft_vocab=a.export_vocab
         )
+    if a.stage == "mix":  # (1 - w) x --drafter (the parent) + w x --init-from (the child): interpolate.py
+        from sglang_dflash.train.interpolate import interpolate
+
+        interpolate(a.drafter, a.init_from, a.out, a.mix_weight)
     if a.stage == "cut":
         from sglang_dflash.train import vocab_cut
 
