@@ -15,9 +15,10 @@ import os
 import shutil
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from sglang_dflash.model.config import DrafterConfigError
+from sglang_dflash.model.loader import read_state_dict
 
 EXACT = ("d2t", "t2d")  # integer maps: copied from the child, never averaged
 
@@ -26,8 +27,7 @@ def interpolate(parent: str, child: str, out: str, weight: float) -> dict[str, t
     """Write (1 - weight) x parent + weight x child to `out` (the child's config.json and card)."""
     if not 0.0 <= weight <= 1.0:
         raise ValueError(f"--mix-weight {weight}: must be in [0, 1] (the child's share)")
-    sp = load_file(os.path.join(parent, "model.safetensors"))
-    sc = load_file(os.path.join(child, "model.safetensors"))
+    sp, sc = read_state_dict(parent), read_state_dict(child)
     if sp.keys() != sc.keys():
         raise DrafterConfigError(
             f"mix: {parent!r} and {child!r} hold different weights: {sorted(sp.keys() ^ sc.keys())[:6]}"

@@ -150,10 +150,11 @@ def run(
         train = [s for s in train if not s.id.startswith(ID_PREFIX)]
     counts = torch.bincount(torch.cat([_labels(s) for s in train]), minlength=tcfg["vocab_size"])
     cdict = drafter_config_dict(tcfg, num_layers, block_size, layer_ids, mask_token_id_for(model))
-    dv = most_frequent(counts, draft_vocab) if draft_vocab else None  # [N] token ids the drafter scores
-    if keep_draft_vocab:
+    if keep_draft_vocab:  # the parent's, chosen by the whole chain's labels
         dv = parent_vocab(init_from)
         draft_vocab = dv.numel()
+    else:
+        dv = most_frequent(counts, draft_vocab) if draft_vocab else None  # [N] token ids the drafter scores
     if dv is not None:
         cdict["draft_vocab_size"] = draft_vocab
     cfg = parse_drafter_config(cdict, tcfg["num_hidden_layers"])
