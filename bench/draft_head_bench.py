@@ -3,6 +3,13 @@ block's proposal slots) for the shipped drafter, with the full 49,152-token head
 draft vocabularies (model/draft_vocab.py), at batch 1 / 4 / 16, one thread, bf16.
 
     OMP_NUM_THREADS=1 SGLANG_USE_CPU_ENGINE=1 python bench/draft_head_bench.py [--vocab 0 16384 8192 4096]
+        [--width W] [--unfused] [--flush-mb 256]
+
+--width W: the step verifies W rows, so the head scores W-1 slots (served c=1 steps are mostly W 8).
+--unfused: beside each vocabulary, the drafter without its fused q/k/v and gate/up matmuls
+(DFlashDrafter.fuse_projections), to measure what the fusion buys.
+--flush-mb M: read M MiB between calls so the weights come from memory, not cache, as when serving
+(the target's verify, 270 MB of weights, runs between two draft steps).
 
 Arms alternate within each repeat (drift hits all alike); a row reports the median over repeats.
 Writes bench/results/draft_head.jsonl (rows of this commit replaced).
@@ -41,6 +48,13 @@ def timed(fn) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def unfused(drafter):
+    """The drafter as the training code runs it: three q/k/v and two gate/up matmuls."""
+    for layer in drafter.layers:
+        del layer.self_attn.qkv_weight, layer.mlp.gate_up_weight
+    return drafter
+
+
 def draft_call(drafter, cfg, embed: torch.Tensor, head: torch.Tensor, bs: int, ctx: int, width=None):
     """-> a no-argument call of the draft stage (draft.propose) at batch bs over a random context
     KV of ctx tokens; embed [V, H] the target's embedding, head [N, H] the LM head rows scored."""
@@ -56,16 +70,17 @@ def draft_call(drafter, cfg, embed: torch.Tensor, head: torch.Tensor, bs: int, c
 
 
 @torch.inference_mode()
-def setup(bs: int, ctx: int, vocab: int):
+def setup(bs: int, ctx: int, vocab: int, width=None, fused: bool = True):
     cfg = load_drafter_config(DRAFTER_DIR, 30)
     drafter = load_drafter(DRAFTER_DIR, cfg, torch.bfloat16, "cpu")
+    drafter = drafter if fused else unfused(drafter)
     head = load_target_tensor(derive())  # [V, H] bf16, the tied LM head
     if vocab:  # any N ids time the same: the cut is a smaller matmul
         drafter.register_buffer("d2t", d2t_from_ids(torch.arange(vocab)))
         head = head[:vocab].contiguous()
     embed = load_target_tensor(derive(), ("model.embed_tokens.weight", "lm_head.weight"))
     rows = torch.randn(bs * (cfg.block_size - 1), cfg.hidden_size, dtype=torch.bfloat16)
-    return draft_call(drafter, cfg, embed, head, bs, ctx), lambda: rows @ head.t()
+    return draft_call(drafter, cfg, embed, head, bs, ctx, width), lambda: rows @ head.t()
 
 
 def main():
@@ -73,28 +88,37 @@ def main():
     ap.add_argument("--vocab", type=int, nargs="+", default=[0, 16384, 8192, 4096])
     ap.add_argument("--bs", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--ctx", type=int, default=256)
+    ap.add_argument("--width", type=int, default=None, help="rows verified (default: the whole block)")
+    ap.add_argument("--unfused", action="store_true", help="also time each vocabulary without the fused matmuls")
+    ap.add_argument("--flush-mb", type=int, default=0, help="MiB read between calls (serving-like cold weights)")
     ap.add_argument("--repeats", type=int, default=15)
     a = ap.parse_args()
     torch.set_num_threads(1)
     prov = provenance.stamp()
+    junk = torch.ones(a.flush_mb * 2**18) if a.flush_mb else None  # float32: 4 bytes a value
+    flush = (lambda: junk.sum()) if junk is not None else (lambda: None)
+    keys = [(v, f) for v in a.vocab for f in ((True, False) if a.unfused else (True,))]
     rows = []
     for bs in a.bs:
-        arms = {v: setup(bs, a.ctx, v) for v in a.vocab}
-        times = {v: ([], []) for v in a.vocab}
+        arms = {k: setup(bs, a.ctx, k[0], a.width, k[1]) for k in keys}
+        times = {k: ([], []) for k in keys}
         for _ in range(3):
             for run, head in arms.values():
                 run(), head()
         for _ in range(a.repeats):
-            for v, (run, head) in arms.items():
-                times[v][0].append(timed(run))
-                times[v][1].append(timed(head))
-        full = statistics.median(times[a.vocab[0]][0])
-        for v in a.vocab:
-            draft, head = statistics.median(times[v][0]), statistics.median(times[v][1])
-            row = {"bs": bs, "ctx": a.ctx, "draft_vocab": v or 49152, "draft_ms": round(draft, 2)}
-            row.update(head_ms=round(head, 2), vs_first=round(draft / full, 3), **prov)
+            for k, (run, head) in arms.items():
+                flush()
+                times[k][0].append(timed(run))
+                flush()
+                times[k][1].append(timed(head))
+        full = statistics.median(times[keys[0]][0])
+        for v, fused in keys:
+            draft, head = statistics.median(times[v, fused][0]), statistics.median(times[v, fused][1])
+            row = {"bs": bs, "ctx": a.ctx, "draft_vocab": v or 49152, "fused": fused, "width": a.width}
+            row.update(flush_mb=a.flush_mb, draft_ms=round(draft, 2), head_ms=round(head, 2))
+            row.update(vs_first=round(draft / full, 3), **prov)
             rows.append(row)
-            print(json.dumps({k: row[k] for k in ("bs", "draft_vocab", "draft_ms", "head_ms", "vs_first")}))
+            print(json.dumps({k: row[k] for k in ("bs", "draft_vocab", "fused", "draft_ms", "head_ms", "vs_first")}))
     provenance.replace_rows(OUT, rows, prov)
 
 

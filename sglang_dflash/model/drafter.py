@@ -53,9 +53,15 @@ class DrafterAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos, sin, attend) -> torch.Tensor:
         """x [N, H] block rows (N = bs * B); attend(q, k_blk, v_blk) -> [N, heads, head_dim]."""
         n = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim))
-        q = apply_rope(q, cos, sin)
-        k, v = self.context_kv(x, cos, sin)
+        if hasattr(self, "qkv_weight"):  # fused (fuse_projections): one matmul instead of three
+            nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            q, k, v = F.linear(x, self.qkv_weight).split([nq, nkv, nkv], dim=-1)
+            k = apply_rope(self.k_norm(k.reshape(n, self.num_kv_heads, self.head_dim)), cos, sin)
+            v = v.reshape(n, self.num_kv_heads, self.head_dim)
+        else:
+            q = self.q_proj(x)
+            k, v = self.context_kv(x, cos, sin)
+        q = apply_rope(self.q_norm(q.reshape(n, self.num_heads, self.head_dim)), cos, sin)
         out = attend(q, k, v)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
@@ -68,7 +74,22 @@ class DrafterMLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
+        if hasattr(self, "gate_up_weight"):  # fused (fuse_projections)
+            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def fuse_rows(*linears: nn.Linear) -> torch.Tensor:
+    """Stack the linears' weights [out_i, H] into one [sum out_i, H] and make each weight a view of
+    its rows: one matmul where there were several, no second copy, and anything later written into
+    a weight (load_state_dict copies in place) lands in the fused tensor too."""
+    fused = torch.cat([m.weight.data for m in linears])
+    row = 0
+    for m in linears:
+        m.weight.data = fused[row : row + m.weight.shape[0]]
+        row += m.weight.shape[0]
+    return fused
 
 
 class DrafterLayer(nn.Module):
@@ -160,6 +181,15 @@ class DFlashDrafter(nn.Module):
         kv = (ctx @ self._kv_weight.t()).view(-1, c.num_layers, 2, c.num_kv_heads, c.head_dim)
         kv = kv.permute(2, 1, 0, 3, 4).contiguous()
         return kv[0], kv[1]
+
+    def fuse_projections(self) -> "DFlashDrafter":
+        """Serving: q/k/v and gate/up each in one matmul (small-M bf16 GEMMs on CPU pay per call;
+        measured in bench/draft_head_bench.py). The math is unchanged; the training model is not fused."""
+        for layer in self.layers:
+            attn = layer.self_attn
+            attn.qkv_weight = fuse_rows(attn.q_proj, attn.k_proj, attn.v_proj)
+            layer.mlp.gate_up_weight = fuse_rows(layer.mlp.gate_proj, layer.mlp.up_proj)
+        return self
 
     def rope_table(self, max_pos: int, device) -> torch.Tensor:
         """[P >= max_pos, head_dim] float32 cos|sin table: the shared one in rope.py (for the fused write)."""

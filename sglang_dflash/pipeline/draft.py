@@ -68,7 +68,7 @@ def propose(
     if selector is None:
         if sampled_slots and temperatures is not None and bool((temperatures > 0).any()):
             return sample_drafts(out, logits, temperatures, sampled_slots, gumbel, drafter.to_target)
-        out[:, 1:] = drafter.to_target(logits.argmax(dim=-1))
+        out[:, 1:] = drafter.to_target(logits.float().argmax(dim=-1))  # float32: ~4x faster on CPU, same ties
         return Proposal(out)
     values, cand = selector.candidates(logits)  # [bs, B-1, K]
     cand = drafter.to_target(cand)

@@ -1,0 +1,58 @@
+"""The serving drafter's fused projections (DFlashDrafter.fuse_projections): q/k/v and gate/up in one
+matmul each give the unfused drafter's hidden states, the weights stay views of the fused tensors
+(no second copy, checkpoints still load into them), and load_drafter serves the fused form."""
+
+import copy
+
+import torch
+from safetensors.torch import save_file
+
+from sglang_dflash.model.config import load_drafter_config, parse_drafter_config
+from sglang_dflash.model.drafter import DFlashDrafter
+from sglang_dflash.model.loader import load_drafter
+from sglang_dflash.testing.tiny_config import tiny_cfg_dict
+
+
+def _dense_attend(layer, q, k, v):
+    """Every block row sees the whole block (no context): enough to compare two drafters."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    w = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) * q.shape[-1] ** -0.5, dim=-1)
+    return torch.einsum("hqk,khd->qhd", w, v)
+
+
+def _drafter(seed=0):
+    torch.manual_seed(seed)
+    model = DFlashDrafter(parse_drafter_config(tiny_cfg_dict(), 4)).eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    return model
+
+
+@torch.inference_mode()
+def test_fused_projections_equal_the_unfused_drafter():
+    plain = _drafter()
+    fused = copy.deepcopy(plain).fuse_projections()
+    x, pos = torch.randn(8, 32), torch.arange(5, 13)
+    want = plain(x, pos, _dense_attend, 4)
+    torch.testing.assert_close(fused(x, pos, _dense_attend, 4), want, rtol=1e-5, atol=1e-5)
+    attn = fused.layers[0].self_attn
+    assert attn.q_proj.weight.data_ptr() == attn.qkv_weight.data_ptr()  # a view, not a copy
+    # new weights written in place reach the fused matmuls
+    fused.load_state_dict(_drafter(seed=1).state_dict())
+    torch.testing.assert_close(fused(x, pos, _dense_attend, 4), _drafter(seed=1)(x, pos, _dense_attend, 4))
+    assert not torch.allclose(fused(x, pos, _dense_attend, 4), want)
+
+
+def test_load_drafter_serves_the_fused_form(tmp_path):
+    import json
+
+    model = _drafter()
+    (tmp_path / "config.json").write_text(json.dumps(tiny_cfg_dict()))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    loaded = load_drafter(str(tmp_path), load_drafter_config(str(tmp_path), 4), torch.float32, "cpu")
+    assert all(hasattr(layer.mlp, "gate_up_weight") for layer in loaded.layers)
+    assert set(loaded.state_dict()) == set(model.state_dict())  # the fused tensors are not weights
+    x, pos = torch.randn(4, 32), torch.arange(4)
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded(x, pos, _dense_attend, 4), model(x, pos, _dense_attend, 4))
