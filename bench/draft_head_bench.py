@@ -3,12 +3,11 @@ block's proposal slots) for the shipped drafter, with the full 49,152-token head
 draft vocabularies (model/draft_vocab.py), at batch 1 / 4 / 16, one thread, bf16.
 
     OMP_NUM_THREADS=1 SGLANG_USE_CPU_ENGINE=1 python bench/draft_head_bench.py [--vocab 0 16384 8192 4096]
-        [--width W] [--unfused] [--int8] [--flush-mb 256]
+        [--width W] [--unfused] [--flush-mb 256]
 
 --width W: the step verifies W rows, so the head scores W-1 slots (served c=1 steps are mostly W 8).
 --unfused: beside each vocabulary, the drafter without its fused q/k/v and gate/up matmuls
 (DFlashDrafter.fuse_projections), to measure what the fusion buys.
---int8: beside each vocabulary, the head rows in int8 (model/int8_head.py, SGLANG_DFLASH_DRAFT_HEAD).
 --flush-mb M: read M MiB between calls so the weights come from memory, not cache, as when serving
 (the target's verify, 270 MB of weights, runs between two draft steps).
 
@@ -33,7 +32,6 @@ import provenance  # noqa: E402
 from sglang_dflash.embedded import derive  # noqa: E402
 from sglang_dflash.model.config import load_drafter_config  # noqa: E402
 from sglang_dflash.model.draft_vocab import d2t_from_ids  # noqa: E402
-from sglang_dflash.model.int8_head import Int8Rows  # noqa: E402
 from sglang_dflash.model.loader import load_drafter  # noqa: E402
 from sglang_dflash.pipeline.attention import TorchBlockAttention  # noqa: E402
 from sglang_dflash.pipeline.context_kv import DraftKVCache  # noqa: E402
@@ -57,9 +55,9 @@ def unfused(drafter):
     return drafter
 
 
-def draft_call(drafter, cfg, embed: torch.Tensor, score, bs: int, ctx: int, width=None):
+def draft_call(drafter, cfg, embed: torch.Tensor, head: torch.Tensor, bs: int, ctx: int, width=None):
     """-> a no-argument call of the draft stage (draft.propose) at batch bs over a random context
-    KV of ctx tokens; embed [V, H] the target's embedding, score: hidden [M, H] -> logits [M, N]."""
+    KV of ctx tokens; embed [V, H] the target's embedding, head [N, H] the LM head rows scored."""
     B = cfg.block_size
     cache = DraftKVCache(cfg.num_layers, bs * (ctx + B), cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, "cpu")
     cache.k.normal_()
@@ -68,11 +66,11 @@ def draft_call(drafter, cfg, embed: torch.Tensor, score, bs: int, ctx: int, widt
     attend = TorchBlockAttention(cache.k, cache.v, list(slots), slots[:, ctx:].reshape(-1), cfg.head_dim**-0.5)
     block = torch.full((bs, B), cfg.mask_token_id)
     pos = torch.arange(ctx, ctx + B).repeat(bs, 1)
-    return lambda: propose(drafter, attend, lambda t: embed[t], score, block, pos, width=width)
+    return lambda: propose(drafter, attend, lambda t: embed[t], lambda h: h @ head.t(), block, pos, width=width)
 
 
 @torch.inference_mode()
-def setup(bs: int, ctx: int, vocab: int, width=None, fused: bool = True, int8: bool = False):
+def setup(bs: int, ctx: int, vocab: int, width=None, fused: bool = True):
     cfg = load_drafter_config(DRAFTER_DIR, 30)
     drafter = load_drafter(DRAFTER_DIR, cfg, torch.bfloat16, "cpu")
     drafter = drafter if fused else unfused(drafter)
@@ -81,9 +79,8 @@ def setup(bs: int, ctx: int, vocab: int, width=None, fused: bool = True, int8: b
         drafter.register_buffer("d2t", d2t_from_ids(torch.arange(vocab)))
         head = head[:vocab].contiguous()
     embed = load_target_tensor(derive(), ("model.embed_tokens.weight", "lm_head.weight"))
-    rows = torch.randn(bs * ((width or cfg.block_size) - 1), cfg.hidden_size, dtype=torch.bfloat16)
-    score = Int8Rows(head) if int8 else (lambda h: h @ head.t())
-    return draft_call(drafter, cfg, embed, score, bs, ctx, width), lambda: score(rows)
+    rows = torch.randn(bs * (cfg.block_size - 1), cfg.hidden_size, dtype=torch.bfloat16)
+    return draft_call(drafter, cfg, embed, head, bs, ctx, width), lambda: rows @ head.t()
 
 
 def main():
@@ -93,7 +90,6 @@ def main():
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--width", type=int, default=None, help="rows verified (default: the whole block)")
     ap.add_argument("--unfused", action="store_true", help="also time each vocabulary without the fused matmuls")
-    ap.add_argument("--int8", action="store_true", help="also time each vocabulary with int8 head rows")
     ap.add_argument("--flush-mb", type=int, default=0, help="MiB read between calls (serving-like cold weights)")
     ap.add_argument("--repeats", type=int, default=15)
     a = ap.parse_args()
@@ -101,11 +97,10 @@ def main():
     prov = provenance.stamp()
     junk = torch.ones(a.flush_mb * 2**18) if a.flush_mb else None  # float32: 4 bytes a value
     flush = (lambda: junk.sum()) if junk is not None else (lambda: None)
-    forms = [(True, False)] + [(False, False)] * a.unfused + [(True, True)] * a.int8  # (fused, int8)
-    keys = [(v, *f) for v in a.vocab for f in forms]
+    keys = [(v, f) for v in a.vocab for f in ((True, False) if a.unfused else (True,))]
     rows = []
     for bs in a.bs:
-        arms = {k: setup(bs, a.ctx, *k[:1], a.width, *k[1:]) for k in keys}
+        arms = {k: setup(bs, a.ctx, k[0], a.width, k[1]) for k in keys}
         times = {k: ([], []) for k in keys}
         for _ in range(3):
             for run, head in arms.values():
@@ -117,17 +112,13 @@ def main():
                 flush()
                 times[k][1].append(timed(head))
         full = statistics.median(times[keys[0]][0])
-        for k in keys:
-            draft, head = statistics.median(times[k][0]), statistics.median(times[k][1])
-            row = {"bs": bs, "ctx": a.ctx, "draft_vocab": k[0] or 49152, "fused": k[1], "int8": k[2], "width": a.width}
+        for v, fused in keys:
+            draft, head = statistics.median(times[v, fused][0]), statistics.median(times[v, fused][1])
+            row = {"bs": bs, "ctx": a.ctx, "draft_vocab": v or 49152, "fused": fused, "width": a.width}
             row.update(flush_mb=a.flush_mb, draft_ms=round(draft, 2), head_ms=round(head, 2))
             row.update(vs_first=round(draft / full, 3), **prov)
             rows.append(row)
-            print(
-                json.dumps(
-                    {c: row[c] for c in ("bs", "draft_vocab", "fused", "int8", "draft_ms", "head_ms", "vs_first")}
-                )
-            )
+            print(json.dumps({k: row[k] for k in ("bs", "draft_vocab", "fused", "draft_ms", "head_ms", "vs_first")}))
     provenance.replace_rows(OUT, rows, prov)
 
 

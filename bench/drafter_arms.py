@@ -34,8 +34,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 import provenance  # noqa: E402
 from draft_head_bench import draft_call  # noqa: E402
 
-from sglang_dflash.model.int8_head import Int8Rows  # noqa: E402
-
 from sglang_dflash.embedded import derive  # noqa: E402
 from sglang_dflash.model.config import parse_drafter_config  # noqa: E402
 from sglang_dflash.model.draft_vocab import d2t_from_ids, ids_from_d2t  # noqa: E402
@@ -111,12 +109,12 @@ def costs(path: str) -> dict:
 
 
 @torch.inference_mode()
-def draft_ms(cfg, embed: torch.Tensor, width: int, ctx: int = 256, repeats: int = 15, int8: bool = False) -> float:
+def draft_ms(cfg, embed: torch.Tensor, width: int, ctx: int = 256, repeats: int = 15) -> float:
     d = DFlashDrafter(cfg).to(torch.bfloat16).eval()
     n = cfg.draft_vocab_size or embed.shape[0]  # the candidate's own head size
     d.register_buffer("d2t", d2t_from_ids(torch.arange(n)))
     head = embed[:n].contiguous()
-    run = draft_call(d, cfg, embed, Int8Rows(head) if int8 else lambda h: h @ head.t(), 1, ctx, width)
+    run = draft_call(d, cfg, embed, head, 1, ctx, width)
     times, threads = [], torch.get_num_threads()
     torch.set_num_threads(1)  # as the c=1 costs were measured (one server thread)
     for i in range(repeats + 3):
@@ -134,32 +132,22 @@ def main():
     ap.add_argument("--workdir", nargs="+", required=True, help="held-out sets: workdirs whose features hold them")
     ap.add_argument("--costs", default=os.path.join(RESULTS, "c1_widths.jsonl"))
     ap.add_argument("--max-answer", type=int, default=128)
-    ap.add_argument("--int8-head", action="store_true", help="walk and time with the int8 draft head rows")
     a = ap.parse_args()
     torch.set_num_threads(2)  # the walks; draft_ms times on one
     model, prov, cost = derive(), provenance.stamp(), costs(a.costs)
     sets = {w: load_seqs(w)[1] for w in a.workdir}
     embed = load_embedding(model)
-    walk_head = Int8Rows(embed).dequantized() if a.int8_head else None  # int8: the rows it stands for
     rows = []
     for cand in a.candidates:
         name, path = cand.split("=", 1)
         d, cfg, mask, dv = load(path, model)
-        dms = {w: draft_ms(cfg, embed, w, int8=a.int8_head) for w in cost if isinstance(w, int) and w <= cfg.block_size}
+        dms = {w: draft_ms(cfg, embed, w) for w in cost if isinstance(w, int) and w <= cfg.block_size}
         for wd, held in sets.items():
-            row = {
-                "name": name,
-                "path": path,
-                "layers": cfg.num_layers,
-                "block": cfg.block_size,
-                "int8_head": a.int8_head,
-            }
+            row = {"name": name, "path": path, "layers": cfg.num_layers, "block": cfg.block_size}
             row.update(heldout_set=wd, heldout=len(held), max_answer=a.max_answer, costs_commit=cost["commit"])
             row.update(training=training(path), widths={})
             for w, dm in dms.items():
-                counts = walk_counts(
-                    d, embed, mask, cfg.block_size, held, a.max_answer, widths=[w], vocab=dv, head=walk_head
-                )
+                counts = walk_counts(d, embed, mask, cfg.block_size, held, a.max_answer, widths=[w], vocab=dv)
                 tau = sum(t for t, _ in counts) / max(sum(b for _, b in counts), 1)
                 verify, other = cost[w]
                 speed = tau * cost["itl_plain"] / (verify + dm + other)

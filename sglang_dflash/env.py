@@ -103,14 +103,6 @@ PROPOSAL = EnvVar(
     "from the drafter's q, rejection), `qall` (every draft drawn from q, rejection)",
     choices=("argmax", "q1", "qall"),
 )
-DRAFT_HEAD = EnvVar(
-    "SGLANG_DFLASH_DRAFT_HEAD",
-    str,
-    "auto",
-    "the draft head's rows (proposals only; verify keeps the target's own head): `bf16` (the model "
-    "dtype), `int8` (weight-only int8, half the bytes a draft step reads), `auto` (int8 on CPU, bf16 on GPU)",
-    choices=("auto", "bf16", "int8"),
-)
 FLASHINFER_BACKEND = EnvVar(
     "SGLANG_DFLASH_FLASHINFER_BACKEND",
     str,

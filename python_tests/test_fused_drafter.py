@@ -1,20 +1,14 @@
-"""What makes the served draft stage lean, each proven to keep the math:
-- the fused projections (DFlashDrafter.fuse_projections): q/k/v and gate/up in one matmul each give
-  the unfused drafter's hidden states, the weights stay views of the fused tensors (no second copy,
-  checkpoints still load into them), and load_drafter serves the fused form;
-- the int8 head rows (model/int8_head.py): logits within the quantization bound, the argmax of the
-  full-precision head wherever its margin exceeds that bound, and SGLANG_DFLASH_DRAFT_HEAD's choice.
-(Served losslessness with the int8 head, the CPU default: test_lossless.py.)"""
+"""The serving drafter's fused projections (DFlashDrafter.fuse_projections): q/k/v and gate/up in one
+matmul each give the unfused drafter's hidden states, the weights stay views of the fused tensors
+(no second copy, checkpoints still load into them), and load_drafter serves the fused form."""
 
 import copy
 
-import pytest
 import torch
 from safetensors.torch import save_file
 
 from sglang_dflash.model.config import load_drafter_config, parse_drafter_config
 from sglang_dflash.model.drafter import DFlashDrafter
-from sglang_dflash.model.int8_head import Int8Rows
 from sglang_dflash.model.loader import load_drafter
 from sglang_dflash.testing.tiny_config import tiny_cfg_dict
 
@@ -62,27 +56,3 @@ def test_load_drafter_serves_the_fused_form(tmp_path):
     x, pos = torch.randn(4, 32), torch.arange(4)
     with torch.inference_mode():
         torch.testing.assert_close(loaded(x, pos, _dense_attend, 4), model(x, pos, _dense_attend, 4))
-
-
-def test_int8_rows_stay_within_their_quantization_bound():
-    torch.manual_seed(0)
-    rows, hidden = torch.randn(300, 64), torch.randn(40, 64)
-    head = Int8Rows(rows)
-    got, want = head(hidden), hidden @ rows.t()
-    torch.testing.assert_close(got, hidden @ head.dequantized().t(), rtol=1e-5, atol=1e-4)
-    bound = hidden.abs().sum(-1, keepdim=True) * head.scale[None, :] / 2  # |w - q*s| <= s/2 per weight
-    assert bool(((got - want).abs() <= bound + 1e-5).all())
-    top2 = want.topk(2, dim=-1).values
-    clear = (top2[:, 0] - top2[:, 1]) > 2 * bound.max(-1).values  # no int8 error can swap these
-    assert clear.sum() > 10 and torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
-    assert head.q.dtype == torch.int8 and head.q.numel() == rows.numel()  # a quarter of float32's bytes
-
-
-@pytest.mark.parametrize("choice, device, want", [
-    ("auto", "cpu", True), ("auto", "cuda", False), ("int8", "cuda", True), ("bf16", "cpu", False),
-])  # fmt: skip
-def test_draft_head_choice(monkeypatch, choice, device, want):
-    from sglang_dflash.srt.draft_head import wants_int8
-
-    monkeypatch.setenv("SGLANG_DFLASH_DRAFT_HEAD", choice)
-    assert wants_int8(torch.device(device)) is want
