@@ -114,6 +114,9 @@ def main(argv=None):
     if a.stage == "datagen":
         from sglang_dflash.train import datagen
 
+        why = "--datagen-minutes" if gen_stop < (leave or gen_stop + 1) else "--deadline less the training margins"
+        print(f"datagen: stops at {time.strftime('%H:%M', time.gmtime(gen_stop))} UTC ({why})", file=sys.stderr)
+
         datagen.run(
             a.workdir,
             a.model,
