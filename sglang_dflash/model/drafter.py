@@ -184,7 +184,8 @@ class DFlashDrafter(nn.Module):
 
     def fuse_projections(self) -> "DFlashDrafter":
         """Serving: q/k/v and gate/up each in one matmul (small-M bf16 GEMMs on CPU pay per call;
-        measured in bench/draft_head_bench.py). The math is unchanged; the training model is not fused."""
+        measured in bench/draft_head_bench.py). The math is unchanged; the training model is not fused.
+        Call it last: the fused tensors are plain attributes, which a later .to() would not move."""
         for layer in self.layers:
             attn = layer.self_attn
             attn.qkv_weight = fuse_rows(attn.q_proj, attn.k_proj, attn.v_proj)
