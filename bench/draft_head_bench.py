@@ -3,11 +3,13 @@ block's proposal slots) for the shipped drafter, with the full 49,152-token head
 draft vocabularies (model/draft_vocab.py), at batch 1 / 4 / 16, one thread, bf16.
 
     OMP_NUM_THREADS=1 SGLANG_USE_CPU_ENGINE=1 python bench/draft_head_bench.py [--vocab 0 16384 8192 4096]
-        [--width W] [--unfused] [--flush-mb 256]
+        [--width W [W ...]] [--unfused] [--uncut] [--flush-mb 256]
 
 --width W: the step verifies W rows, so the head scores W-1 slots (served c=1 steps are mostly W 8).
 --unfused: beside each vocabulary, the drafter without its fused q/k/v and gate/up matmuls
 (DFlashDrafter.fuse_projections), to measure what the fusion buys.
+--uncut: beside each vocabulary, the drafter running its last MLP over the whole block, not only the
+W rows the step reads (the row cut of DrafterLayer.forward), to measure what the cut buys.
 --flush-mb M: read M MiB between calls so the weights come from memory, not cache, as when serving
 (the target's verify, 270 MB of weights, runs between two draft steps).
 
@@ -55,6 +57,18 @@ def unfused(drafter):
     return drafter
 
 
+def uncut(drafter):
+    """The drafter before the last-layer row cut: every block row through the last MLP, then sliced."""
+    whole = drafter.forward
+
+    def forward(x, positions, attend, block=None, keep=None):
+        out = whole(x, positions, attend, block)
+        return out if keep is None else out.view(-1, block, out.shape[-1])[:, :keep].reshape(-1, out.shape[-1])
+
+    drafter.forward = forward
+    return drafter
+
+
 def draft_call(drafter, cfg, embed: torch.Tensor, head: torch.Tensor, bs: int, ctx: int, width=None):
     """-> a no-argument call of the draft stage (draft.propose) at batch bs over a random context
     KV of ctx tokens; embed [V, H] the target's embedding, head [N, H] the LM head rows scored."""
@@ -70,14 +84,17 @@ def draft_call(drafter, cfg, embed: torch.Tensor, head: torch.Tensor, bs: int, c
 
 
 @torch.inference_mode()
-def setup(bs: int, ctx: int, vocab: int, width=None, fused: bool = True):
+def setup(bs: int, ctx: int, vocab: int, width=None, fused: bool = True, cut: bool = True):
     cfg = load_drafter_config(DRAFTER_DIR, 30)
     drafter = load_drafter(DRAFTER_DIR, cfg, torch.bfloat16, "cpu")
     drafter = drafter if fused else unfused(drafter)
+    drafter = drafter if cut else uncut(drafter)
     head = load_target_tensor(derive())  # [V, H] bf16, the tied LM head
     if vocab:  # any N ids time the same: the cut is a smaller matmul
         drafter.register_buffer("d2t", d2t_from_ids(torch.arange(vocab)))
         head = head[:vocab].contiguous()
+    elif hasattr(drafter, "d2t"):  # the full head: the drafter as a checkpoint without the mapping
+        del drafter.d2t
     embed = load_target_tensor(derive(), ("model.embed_tokens.weight", "lm_head.weight"))
     rows = torch.randn(bs * (cfg.block_size - 1), cfg.hidden_size, dtype=torch.bfloat16)
     return draft_call(drafter, cfg, embed, head, bs, ctx, width), lambda: rows @ head.t()
@@ -88,8 +105,9 @@ def main():
     ap.add_argument("--vocab", type=int, nargs="+", default=[0, 16384, 8192, 4096])
     ap.add_argument("--bs", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--ctx", type=int, default=256)
-    ap.add_argument("--width", type=int, default=None, help="rows verified (default: the whole block)")
+    ap.add_argument("--width", type=int, nargs="+", default=[None], help="rows verified (default: the whole block)")
     ap.add_argument("--unfused", action="store_true", help="also time each vocabulary without the fused matmuls")
+    ap.add_argument("--uncut", action="store_true", help="also time each vocabulary without the last-layer row cut")
     ap.add_argument("--flush-mb", type=int, default=0, help="MiB read between calls (serving-like cold weights)")
     ap.add_argument("--repeats", type=int, default=15)
     a = ap.parse_args()
@@ -97,10 +115,11 @@ def main():
     prov = provenance.stamp()
     junk = torch.ones(a.flush_mb * 2**18) if a.flush_mb else None  # float32: 4 bytes a value
     flush = (lambda: junk.sum()) if junk is not None else (lambda: None)
-    keys = [(v, f) for v in a.vocab for f in ((True, False) if a.unfused else (True,))]
+    forms = [(f, c) for f in (True, False)[: 1 + a.unfused] for c in (True, False)[: 1 + a.uncut]]  # served first
+    keys = [(v, *form) for v in a.vocab for form in forms]
     rows = []
-    for bs in a.bs:
-        arms = {k: setup(bs, a.ctx, k[0], a.width, k[1]) for k in keys}
+    for bs, width in ((bs, w) for bs in a.bs for w in a.width):
+        arms = {k: setup(bs, a.ctx, k[0], width, k[1], k[2]) for k in keys}
         times = {k: ([], []) for k in keys}
         for _ in range(3):
             for run, head in arms.values():
@@ -112,13 +131,20 @@ def main():
                 flush()
                 times[k][1].append(timed(head))
         full = statistics.median(times[keys[0]][0])
-        for v, fused in keys:
-            draft, head = statistics.median(times[v, fused][0]), statistics.median(times[v, fused][1])
-            row = {"bs": bs, "ctx": a.ctx, "draft_vocab": v or 49152, "fused": fused, "width": a.width}
+        for v, fused, cut in keys:
+            draft, head = statistics.median(times[v, fused, cut][0]), statistics.median(times[v, fused, cut][1])
+            row = {"bs": bs, "ctx": a.ctx, "draft_vocab": v or 49152, "fused": fused, "cut": cut, "width": width}
             row.update(flush_mb=a.flush_mb, draft_ms=round(draft, 2), head_ms=round(head, 2))
             row.update(vs_first=round(draft / full, 3), **prov)
             rows.append(row)
-            print(json.dumps({k: row[k] for k in ("bs", "draft_vocab", "fused", "draft_ms", "head_ms", "vs_first")}))
+            print(
+                json.dumps(
+                    {
+                        k: row[k]
+                        for k in ("bs", "width", "draft_vocab", "fused", "cut", "draft_ms", "head_ms", "vs_first")
+                    }
+                )
+            )
     provenance.replace_rows(OUT, rows, prov)
 
 

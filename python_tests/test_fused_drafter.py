@@ -1,6 +1,7 @@
 """The serving drafter's fused projections (DFlashDrafter.fuse_projections): q/k/v and gate/up in one
 matmul each give the unfused drafter's hidden states, the weights stay views of the fused tensors
-(no second copy, checkpoints still load into them), and load_drafter serves the fused form."""
+(no second copy, checkpoints still load into them), and load_drafter serves the fused form; the
+last layer's row cut (a width-W step runs the last MLP on W rows) keeps those rows' hidden states."""
 
 import copy
 
@@ -10,6 +11,7 @@ from safetensors.torch import save_file
 from sglang_dflash.model.config import load_drafter_config, parse_drafter_config
 from sglang_dflash.model.drafter import DFlashDrafter
 from sglang_dflash.model.loader import load_drafter
+from sglang_dflash.pipeline.draft import propose
 from sglang_dflash.testing.tiny_config import tiny_cfg_dict
 
 
@@ -21,9 +23,9 @@ def _dense_attend(layer, q, k, v):
     return torch.einsum("hqk,khd->qhd", w, v)
 
 
-def _drafter(seed=0):
+def _drafter(seed=0, **cfg):
     torch.manual_seed(seed)
-    model = DFlashDrafter(parse_drafter_config(tiny_cfg_dict(), 4)).eval()
+    model = DFlashDrafter(parse_drafter_config(tiny_cfg_dict(**cfg), 4)).eval()
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.2)
     return model
@@ -56,3 +58,42 @@ def test_load_drafter_serves_the_fused_form(tmp_path):
     x, pos = torch.randn(4, 32), torch.arange(4)
     with torch.inference_mode():
         torch.testing.assert_close(loaded(x, pos, _dense_attend, 4), model(x, pos, _dense_attend, 4))
+
+
+def _per_request_attend(block):
+    """_dense_attend within each request's block (rows are consecutive blocks of `block`)."""
+
+    def attend(layer, q, k, v):
+        out = [
+            _dense_attend(layer, *(t.view(-1, block, *t.shape[1:])[i] for t in (q, k, v)))
+            for i in range(k.shape[0] // block)
+        ]
+        return torch.cat(out)
+
+    return attend
+
+
+@torch.inference_mode()
+def test_last_layer_row_cut_keeps_the_kept_rows():
+    """drafter(..., keep=W) -> the first W rows of each block, equal to the uncut forward's rows (the
+    cut follows the last attention; DFlash 2's look-back convolutions see a whole prefix), and
+    propose(width=W) proposes the uncut block's first W tokens."""
+    block, bs = 8, 3
+    dflash2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
+    for model in (_drafter(block_size=block).fuse_projections(), _drafter(block_size=block, dflash=dflash2)):
+        x, pos = torch.randn(bs * block, 32), torch.arange(bs * block) % block + 20
+        attend = _per_request_attend(block)
+        full = model(x, pos, attend, block).view(bs, block, -1)
+        for keep in (1, 2, 5, block):
+            cut = model(x, pos, attend, block, keep)
+            assert cut.shape == (bs * keep, 32)
+            torch.testing.assert_close(cut.view(bs, keep, -1), full[:, :keep], rtol=1e-5, atol=1e-5)
+    model = _drafter(block_size=block).fuse_projections()
+    emb, head = torch.randn(50, 32), torch.randn(50, 32)
+    ids = torch.randint(0, 49, (bs, block))
+    ids[:, 1:] = 49
+    pos = torch.arange(block).repeat(bs, 1) + 20
+    args = (model, _per_request_attend(block), lambda t: emb[t], lambda h: h @ head.t(), ids, pos)
+    whole = propose(*args).tokens
+    for width in (2, 4, 7):
+        assert torch.equal(propose(*args, width=width).tokens, whole[:, :width])

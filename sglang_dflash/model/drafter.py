@@ -104,14 +104,19 @@ class DrafterLayer(nn.Module):
             self.attention_conv = DynamicConv(cfg.hidden_size, d2.conv_kernel_size, d2.conv_group_size)
             self.mlp_conv = DynamicConv(cfg.hidden_size, d2.conv_kernel_size, d2.conv_group_size)
 
-    def forward(self, x, cos, sin, attend, block: int | None = None):
-        """x [N, H] rows in consecutive blocks of `block` (needed by DFlash 2's convolutions)."""
+    def forward(self, x, cos, sin, attend, block: int | None = None, keep: int | None = None):
+        """x [N, H] rows in consecutive blocks of `block` (needed by DFlash 2's convolutions).
+        keep: after attention only the first `keep` rows of each block go on (the last layer of a
+        step that reads `keep` rows): rows never mix after attention, so the kept rows are unchanged
+        and the MLP runs on keep/block of the rows. -> [N * keep / block, H]."""
         x = x + self._sublayer(
             self.input_layernorm(x),
             getattr(self, "attention_conv", None),
             block,
             lambda h: self.self_attn(h, cos, sin, attend),
         )
+        if keep is not None and block is not None and keep < block:  # convolutions look back only: a prefix is whole
+            x, block = x.view(-1, block, x.shape[-1])[:, :keep].reshape(-1, x.shape[-1]), keep
         return x + self._sublayer(self.post_attention_layernorm(x), getattr(self, "mlp_conv", None), block, self.mlp)
 
     @staticmethod
@@ -196,12 +201,16 @@ class DFlashDrafter(nn.Module):
         """[P >= max_pos, head_dim] float32 cos|sin table: the shared one in rope.py (for the fused write)."""
         return rope_table(max_pos, self.cfg.head_dim, self.cfg.rope_theta, device)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, attend, block: int | None = None) -> torch.Tensor:
-        """x [N, H] embedded block rows (consecutive blocks of `block`), positions [N] -> normed hidden [N, H].
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, attend, block: int | None = None, keep: int | None = None
+    ) -> torch.Tensor:
+        """x [N, H] embedded block rows (consecutive blocks of `block`), positions [N] -> normed hidden [N, H]
+        ([N * keep / block, H]: only the first `keep` rows of each block, cut in the last layer).
 
         attend(layer_index, q, k_blk, v_blk): attention over context + block, non-causal.
         """
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, functools.partial(attend, i), block)
+            x = layer(x, cos, sin, functools.partial(attend, i), block, keep if i == last else None)
         return self.norm(x)

@@ -54,15 +54,16 @@ def propose(
     temperatures [bs] (> 0: that row's path is sampled, with its q kept for rejection; <= 0: the
     best path, a point mass) and gumbel [bs, B-1, K] noise: sampled DFlash 2 paths.
     width: the step verifies only the first W rows: the block is drafted whole (the drafter's trained
-    size), but a DFlash 1 drafter reads the LM head (a [rows, vocab] matmul) at those W-1 slots only.
+    size, every row in every attention), but for a DFlash 1 drafter the last layer's MLP and the LM
+    head (a [rows, vocab] matmul) run on those W rows / W-1 slots only.
     sampled_slots (DFlash 1): rows with temperature > 0 draw their first sampled_slots drafts from
     the drafter's own q (see sample_drafts); gumbel [bs, B-1, DRAFT_TOP_K] is their noise."""
     bs, block = block_ids.shape
-    x = embed(block_ids.reshape(-1)).to(drafter.fc.weight.dtype)  # [bs*B, H]
-    hidden = drafter(x, positions.reshape(-1), attend, block).view(bs, block, -1)
     selector = drafter.selector
     keep = block if width is None or selector is not None else width  # the selector walks every slot
-    slots = hidden[:, 1:keep, :]  # [bs, keep-1, H]
+    x = embed(block_ids.reshape(-1)).to(drafter.fc.weight.dtype)  # [bs*B, H]
+    hidden = drafter(x, positions.reshape(-1), attend, block, keep).view(bs, keep, -1)
+    slots = hidden[:, 1:, :]  # [bs, keep-1, H]
     logits = logits_fn(slots.reshape(bs * (keep - 1), -1)).view(bs, keep - 1, -1)  # [bs, keep-1, V]
     out = block_ids[:, :keep].clone()
     if selector is None:
