@@ -34,6 +34,7 @@ import provenance  # noqa: E402
 from sglang_dflash.embedded import derive  # noqa: E402
 from sglang_dflash.model.config import load_drafter_config  # noqa: E402
 from sglang_dflash.model.draft_vocab import d2t_from_ids  # noqa: E402
+from sglang_dflash.model.drafter import block_prefix  # noqa: E402
 from sglang_dflash.model.loader import load_drafter  # noqa: E402
 from sglang_dflash.pipeline.attention import TorchBlockAttention  # noqa: E402
 from sglang_dflash.pipeline.context_kv import DraftKVCache  # noqa: E402
@@ -42,6 +43,7 @@ from sglang_dflash.train.__main__ import DRAFTER_DIR  # noqa: E402
 from sglang_dflash.train.trainer import load_target_tensor  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(__file__), "results", "draft_head.jsonl")
+SHOWN = ("bs", "width", "draft_vocab", "fused", "cut", "draft_ms", "head_ms", "vs_first")  # printed per row
 
 
 def timed(fn) -> float:
@@ -63,7 +65,7 @@ def uncut(drafter):
 
     def forward(x, positions, attend, block=None, keep=None):
         out = whole(x, positions, attend, block)
-        return out if keep is None else out.view(-1, block, out.shape[-1])[:, :keep].reshape(-1, out.shape[-1])
+        return out if keep is None else block_prefix(out, block, keep)
 
     drafter.forward = forward
     return drafter
@@ -137,14 +139,7 @@ def main():
             row.update(flush_mb=a.flush_mb, draft_ms=round(draft, 2), head_ms=round(head, 2))
             row.update(vs_first=round(draft / full, 3), **prov)
             rows.append(row)
-            print(
-                json.dumps(
-                    {
-                        k: row[k]
-                        for k in ("bs", "width", "draft_vocab", "fused", "cut", "draft_ms", "head_ms", "vs_first")
-                    }
-                )
-            )
+            print(json.dumps({k: row[k] for k in SHOWN}))
     provenance.replace_rows(OUT, rows, prov)
 
 

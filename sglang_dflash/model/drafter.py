@@ -92,6 +92,11 @@ def fuse_rows(*linears: nn.Linear) -> torch.Tensor:
     return fused
 
 
+def block_prefix(x: torch.Tensor, block: int, keep: int) -> torch.Tensor:
+    """x [N, H] rows in consecutive blocks of `block` -> [N * keep / block, H]: each block's first `keep`."""
+    return x.view(-1, block, x.shape[-1])[:, :keep].reshape(-1, x.shape[-1])
+
+
 class DrafterLayer(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -116,7 +121,7 @@ class DrafterLayer(nn.Module):
             lambda h: self.self_attn(h, cos, sin, attend),
         )
         if keep is not None and block is not None and keep < block:  # convolutions look back only: a prefix is whole
-            x, block = x.view(-1, block, x.shape[-1])[:, :keep].reshape(-1, x.shape[-1]), keep
+            x, block = block_prefix(x, block, keep), keep
         return x + self._sublayer(self.post_attention_layernorm(x), getattr(self, "mlp_conv", None), block, self.mlp)
 
     @staticmethod
