@@ -47,10 +47,13 @@ def test_killed_mid_load_restarts_clean(models):
     errors = []
 
     def load(url):
-        try:
-            generate_all_quiet(url)
-        except Exception as e:  # noqa: BLE001 - the server dies under these requests on purpose
-            errors.append(e)
+        # Keep the server busy until it dies: one round can finish before the kill on a fast host.
+        deadline = time.time() + 300
+        while not errors and time.time() < deadline:
+            try:
+                generate_all_quiet(url)
+            except Exception as e:  # noqa: BLE001 - the server dies under these requests on purpose
+                errors.append(e)
 
     with launch(target, drafter, "float32", name="dflash-killed", port=port, check_drafts=False) as srv:
         clients = threading.Thread(target=load, args=(srv,))

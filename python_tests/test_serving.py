@@ -1,5 +1,6 @@
 """Finishing inside a block, aborts, and the radix (prefix) cache, on the mixed-acceptance pair."""
 
+import json
 import os
 import threading
 import time
@@ -116,24 +117,37 @@ def test_penalties_inside_blocks_match_plain(mixed):
 
 @pytest.mark.server
 def test_abort_frees_every_slot(mixed):
+    """Abort four running requests. Each abort is sent once its request has streamed a chunk (so it
+    is running in the scheduler), not after a fixed sleep: a fast host finished the long requests
+    before a timed abort arrived (CI, stop 29)."""
     srv = mixed[0]
     long = {"max_new_tokens": 1900, "temperature": 0, "ignore_eos": True}
-    results = {}
+    results, running = {}, [threading.Event() for _ in range(4)]
 
     def go(i):
-        body = {"input_ids": SAMPLES[i % len(SAMPLES)], "rid": f"abort-{i}", "sampling_params": long}
-        results[i] = requests.post(srv.url + "/generate", json=body, timeout=600).json()
+        body = {"input_ids": SAMPLES[i % len(SAMPLES)], "rid": f"abort-{i}", "sampling_params": long, "stream": True}
+        with requests.post(srv.url + "/generate", json=body, stream=True, timeout=600) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+                    results[i] = json.loads(line[5:])
+                    running[i].set()
+        running[i].set()
 
     threads = [threading.Thread(target=go, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-    time.sleep(1.5)
     for i in range(4):
+        assert running[i].wait(120), f"request {i} never streamed"
         requests.post(srv.url + "/abort_request", json={"rid": f"abort-{i}"}, timeout=30)
     for t in threads:
         t.join(120)
     reasons = [r["meta_info"]["finish_reason"]["type"] for r in results.values()]
     assert len(reasons) == 4 and reasons.count("abort") >= 3, reasons
+    assert all(
+        r["meta_info"]["completion_tokens"] < 1900
+        for r in results.values()
+        if r["meta_info"]["finish_reason"]["type"] == "abort"
+    )
     # SGLang's strict idle check (on by default) raises inside the scheduler on any leaked slot.
     time.sleep(5)
     assert requests.get(srv.url + "/health_generate", timeout=60).status_code == 200
