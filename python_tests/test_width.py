@@ -191,3 +191,51 @@ def test_bad_width_config_names_the_field(tmp_path, cfg, msg):
     path.write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=msg):
         load_width_config(str(path), 16)
+
+
+def run_requests(ctl, accept_p, length=128, seed=0, per_row=True):
+    """Requests of `length` tokens each, request i's drafts accepted with probability accept_p[i],
+    all started together (the batch shrinks as they finish); -> modelled seconds to finish all."""
+    rng = random.Random(seed)
+    left = {f"r{i}": length for i in range(len(accept_p))}
+    p = {f"r{i}": q for i, q in enumerate(accept_p)}
+    seconds = 0.0
+    while left:
+        keys = sorted(left)
+        rows = [(k, False) for k in keys]
+        w = ctl.choose(len(keys), rows=rows if per_row else None)
+        acc = []
+        for k in keys:
+            a = 0
+            while a < w - 1 and rng.random() < p[k]:
+                a += 1
+            acc.append(a)
+            left[k] -= a + 1
+        if per_row:
+            ctl.observe_rows(w, rows, acc)
+        else:
+            ctl.observe(w, acc, [])
+        seconds += ctl.cost.profiled(len(keys), w)
+        left = {k: n for k, n in left.items() if n > 0}
+    return seconds
+
+
+def test_per_request_acceptance_narrows_the_slow_tail():
+    """Seven requests that accept most drafts beside one that accepts almost none: the slow one is
+    left alone at the end. Pooled counts alone keep verifying wide blocks for it (its neighbours'
+    acceptance is still in the window); its own counts turn the tail to plain decoding."""
+    sizes = [1, 4, 16]
+    cost = CostTable(sizes, WIDTHS, linear_costs(sizes, WIDTHS, fixed=1.0, per_row=0.05, draft=0.3))
+    accept = [0.9] * 7 + [0.02]
+    pooled = run_requests(WidthController(16, cost), accept, per_row=False)
+    per_row = run_requests(WidthController(16, cost), accept, per_row=True)
+    print(f"modelled seconds: pooled {pooled:.1f}, per request {per_row:.1f}")
+    assert per_row < 0.85 * pooled, (per_row, pooled)
+    for same in ([0.6] * 8, [0.9] * 8, [0.0] * 8):  # alike requests: no worse than pooled counts
+        assert run_requests(WidthController(16, cost), same) <= 1.03 * run_requests(
+            WidthController(16, cost), same, per_row=False
+        ), same
+    ctl = WidthController(16, cost)
+    ctl.observe_rows(8, [("a", False), ("b", True)], [7, 0])
+    ctl.observe_rows(8, [("b", True)], [1])  # "a" finished: its counts go
+    assert set(ctl.row_stats) == {"b"}

@@ -138,6 +138,13 @@ DEBUG_RANDOM_WIDTH = EnvVar(
     None,
     "debug: draw the verify width at random every step from the candidates (value: the seed)",
 )
+DEBUG_STEP_TRACE = EnvVar(
+    "SGLANG_DFLASH_DEBUG_STEP_TRACE",
+    str,
+    None,
+    "debug: append one JSON line per decode step here (batch size, width, stage and all-in seconds, "
+    "commits, the controller's rates and cost corrections; bench/width_trace.py reads it)",
+)
 DEBUG_WIDTH_CYCLE = EnvVar(
     "SGLANG_DFLASH_DEBUG_WIDTH_CYCLE",
     str,

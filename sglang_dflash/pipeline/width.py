@@ -11,6 +11,9 @@ tokens per request. The controller picks, before each step, the W of a small fix
   the temperature). Counts decay with every step (a recent window); a position with
   few counts borrows the estimate of the position before it, so widening is tried when the
   positions a narrow width does verify are accepted.
+- Each request also keeps its own counts, smoothed toward that pooled estimate: requests differ
+  (one accepting 1.3 tokens a block beside others at 3), and the rows left in a batch's tail are
+  the slow ones, so a pooled estimate alone over-widens exactly when few rows remain.
 - cost(bs, W) is the start-up profile (forced monotone in bs and W), corrected online by the ratio
   of observed to profiled step times per width.
 - A step only observes the positions it verifies; counts past its width age 8x slower, so what a
@@ -92,20 +95,23 @@ class AcceptanceStats:
                 self.reach[j] += 1.0
                 self.hits[j] += j <= a
 
-    def conditional(self) -> list[float]:
-        """[B] a_j = P(draft j accepted | drafts before it were); a_0 = 1. Each position is smoothed
-        toward the estimate of the one before it (a_1 toward the prior mean): acceptance runs are
-        correlated, so a position a narrow width has not verified yet looks like its neighbour."""
+    def conditional(self, prior: Optional[Sequence[float]] = None) -> list[float]:
+        """[B] a_j = P(draft j accepted | drafts before it were); a_0 = 1. Without `prior`, each
+        position is smoothed toward the estimate of the one before it (a_1 toward the prior mean):
+        acceptance runs are correlated, so a position a narrow width has not verified yet looks like
+        its neighbour. With `prior` ([B], one request's stats against the pooled estimate) each
+        position is smoothed toward prior[j]."""
         mean, weight = self.prior[0] / self.prior[1], self.prior[1]
         out = [1.0]
         for j in range(1, self.block):
-            mean = (self.hits[j] + weight * mean) / (self.reach[j] + weight)
+            toward = mean if prior is None else prior[j]
+            mean = (self.hits[j] + weight * toward) / (self.reach[j] + weight)
             out.append(mean)
         return out
 
-    def expected_tokens(self) -> list[float]:
+    def expected_tokens(self, prior: Optional[Sequence[float]] = None) -> list[float]:
         """[B + 1] E(W) = expected tokens committed per row at width W (index 0 unused)."""
-        a, out, run = self.conditional(), [0.0, 1.0], 1.0
+        a, out, run = self.conditional(prior), [0.0, 1.0], 1.0
         total = 1.0
         for j in range(1, self.block):
             run *= a[j]
@@ -168,6 +174,7 @@ class WidthController:
         debug_seed: Optional[int] = None,
         probe_budget: float = 0.02,
         cycle: Optional[Sequence[int]] = None,
+        row_prior: float = 4.0,
     ):
         """widths_for_bs {min_bs: [W, ...]}: the candidates for batches of at least min_bs requests."""
         self.block, self.cost, self.fixed, self.probe_budget = block, cost, fixed, probe_budget
@@ -178,6 +185,9 @@ class WidthController:
         self.rng = random.Random(debug_seed) if debug_seed is not None else None
         self.since_probe = 0
         self.last_rates: dict = {}
+        self.last_choice = (0, 0)
+        self.row_stats: dict = {}  # request key -> its own AcceptanceStats (smoothed toward the pooled)
+        self.row_prior = row_prior
         self.chosen: Counter = Counter()
 
     @property
@@ -193,22 +203,48 @@ class WidthController:
         i = max(bisect.bisect_right(self.keys, bs) - 1, 0)
         return self.widths_for_bs[self.keys[i]]
 
-    def rates(self, bs: int, n_sampled: int) -> dict:
-        """{W: expected committed tokens per second} for a batch of bs rows, n_sampled of them sampled."""
-        e_greedy, e_sampled = self.accept[False].expected_tokens(), self.accept[True].expected_tokens()
+    def rates(self, bs: int, n_sampled: int, rows: Optional[Sequence] = None) -> dict:
+        """{W: expected committed tokens per second} for a batch of bs rows, n_sampled of them sampled;
+        rows [(request key, sampled)] (optional): each known request's own estimate."""
+        e_pool = {k: self.accept[k].expected_tokens() for k in (False, True)}
+        if rows:
+            a_pool = {k: self.accept[k].conditional() for k in (False, True)}
+            per_row = [
+                self.row_stats[key].expected_tokens(a_pool[kind]) if key in self.row_stats else e_pool[kind]
+                for key, kind in rows
+            ]
         out = {}
         for w in self.candidates(bs):
-            tokens = (bs - n_sampled) * e_greedy[w] + n_sampled * e_sampled[w]
+            if rows:
+                tokens = sum(e[w] for e in per_row)
+            else:
+                tokens = (bs - n_sampled) * e_pool[False][w] + n_sampled * e_pool[True][w]
             out[w] = tokens / max(self.cost(bs, w), 1e-9)
         return out
 
-    def choose(self, bs: int, n_sampled: int = 0, step: int = 0) -> int:
-        """bs rows, n_sampled of them sampled; step: the first request's verify count (cycle only)."""
-        w = self.cycle[step % len(self.cycle)] if self.cycle else self._choose(bs, n_sampled)
+    def choose(self, bs: int, n_sampled: int = 0, step: int = 0, rows: Optional[Sequence] = None) -> int:
+        """bs rows, n_sampled of them sampled; step: the first request's verify count (cycle only);
+        rows [(request key, sampled)] per row (optional): per-request acceptance."""
+        w = self.cycle[step % len(self.cycle)] if self.cycle else self._choose(bs, n_sampled, rows)
         self.chosen[w] += 1
+        self.last_choice = (bs, n_sampled)
         return w
 
-    def _choose(self, bs: int, n_sampled: int) -> int:
+    def trace(self) -> dict:
+        """The last choice's inputs, for the step trace (SGLANG_DFLASH_DEBUG_STEP_TRACE)."""
+        bs, n_sampled = self.last_choice
+        e = {k: [round(x, 3) for x in self.accept[k].expected_tokens()[1:]] for k in (False, True)}
+        return {
+            "bs": bs,
+            "n_sampled": n_sampled,
+            "rates": {str(w): round(r, 2) for w, r in self.last_rates.items()},
+            "cost": {str(w): round(self.cost(bs, w), 5) for w in self.candidates(bs)} if self.cost else {},
+            "correction": {str(w): round(c, 3) for w, c in self.cost.correction.items()} if self.cost else {},
+            "e_greedy": e[False],
+            "e_sampled": e[True],
+        }
+
+    def _choose(self, bs: int, n_sampled: int, rows: Optional[Sequence] = None) -> int:
         if self.fixed is not None:
             return self.fixed
         cands = self.candidates(bs)
@@ -216,7 +252,7 @@ class WidthController:
             return self.rng.choice(cands)
         if self.cost is None or len(cands) == 1:
             return max(cands)
-        rates = self.last_rates = self.rates(bs, n_sampled)
+        rates = self.last_rates = self.rates(bs, n_sampled, rows)
         best = max(cands, key=lambda w: (rates[w], -w))
         wider = [w for w in cands if w > 1]
         if best != 1 or not wider:
@@ -239,6 +275,21 @@ class WidthController:
             self.accept[sampled].age(width)
             if accepted and width > 1:
                 self.accept[sampled].update(accepted, width)
+
+    def observe_rows(self, width: int, rows: Sequence, accepted: Sequence[int]) -> None:
+        """After a step: rows [(request key, sampled)], accepted[i] drafts accepted by row i. Feeds the
+        pooled counts and each request's own; a request not in this step has finished (or left the
+        batch) and its counts go."""
+        self.observe(
+            width, [a for a, (_, s) in zip(accepted, rows) if not s], [a for a, (_, s) in zip(accepted, rows) if s]
+        )
+        stats = {}
+        for (key, _), a in zip(rows, accepted):
+            st = stats[key] = self.row_stats.get(key) or AcceptanceStats(self.block, prior_weight=self.row_prior)
+            st.age(width)
+            if width > 1:
+                st.update([a], width)
+        self.row_stats = stats
 
     def observe_cost(self, bs: int, width: int, seconds: float) -> None:
         """A step's measured seconds, all in (the worker adds the scheduler's time up to the next step)."""

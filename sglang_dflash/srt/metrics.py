@@ -12,6 +12,7 @@ sglang:dflash_expected_tokens_per_second{width=W}  the width controller's curren
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Optional
 
@@ -131,3 +132,14 @@ def create(block_size: int) -> Optional[DFlashMetrics]:
     if not obs.enable_metrics or (p.tp_rank != 0 and not obs.enable_metrics_for_all_schedulers):
         return None
     return DFlashMetrics(block_size, scheduler_labels())
+
+
+class StepTrace:
+    """One JSON line per decode step (SGLANG_DFLASH_DEBUG_STEP_TRACE): what the width controller
+    saw and chose, and what the step then cost, to see where a served run's time went."""
+
+    def __init__(self, path: str):
+        self.f = open(path, "a", buffering=1)
+
+    def write(self, **fields) -> None:
+        self.f.write(json.dumps(fields) + "\n")

@@ -78,6 +78,8 @@ class DFlashWorker(BaseSpecWorker):
         self.draft_steps = self.draft_failures = 0
         self.width = None  # the verify-width controller, made at start-up's end (init_cuda_graphs)
         self._step_cost = None  # (bs, width, stage seconds, end time) of the last decode step
+        trace = env.DEBUG_STEP_TRACE.get()
+        self.trace = dflash_metrics.StepTrace(trace) if trace else None
         self.pre_sample = PreSampleLogits(runner.sampler)  # seeded prefill rows: see seeded_prefill.py
         logger.info(
             "DFLASH served by sglang_dflash (ours): block_size=%d (drafter trained %d), "
@@ -217,12 +219,15 @@ class DFlashWorker(BaseSpecWorker):
     def _decode(self, batch, on_publish):
         B = self.block_size
         prefix = batch.seq_lens  # [bs]
+        all_in = None
         if self._step_cost is not None:  # the last step's cost, all in: its stages + the scheduler until now
             bs, width, stages, end = self._step_cost
-            self.width.observe_cost(bs, width, stages + time.perf_counter() - end)
+            all_in = stages + time.perf_counter() - end
+            self.width.observe_cost(bs, width, all_in)
         sampling = sampling_rows(batch)
         sampled = sampled_flags(batch)  # [bs] host bools: acceptance statistics per kind
-        W = self.width.choose(len(sampled), sum(sampled), batch.reqs[0].spec_verify_ct)
+        req_rows = [(r.rid, s) for r, s in zip(batch.reqs, sampled)]  # acceptance is kept per request too
+        W = self.width.choose(len(sampled), sum(sampled), batch.reqs[0].spec_verify_ct, req_rows)
         block_ids, positions = build_block(batch.spec_info.bonus_tokens, prefix, B, self.mask_token_id)  # [bs, B]
         slots = block_slots(
             self.model_runner.req_to_token_pool.req_to_token, batch.req_pool_indices, prefix, B
@@ -274,12 +279,12 @@ class DFlashWorker(BaseSpecWorker):
 
         seconds = clock.seconds()  # waits for the step's last stage, so the one copy below waits for nothing
         accepted, commits = torch.stack([acc.accept_lens, acc.commit_lens]).tolist()  # [bs] each, one copy
-        self.width.observe(
-            W, [a for a, s in zip(accepted, sampled) if not s], [a for a, s in zip(accepted, sampled) if s]
-        )
+        self.width.observe_rows(W, req_rows, accepted)
         self._step_cost = (len(accepted), W, sum(seconds.values()), time.perf_counter())
         if self.metrics is not None:
             self.metrics.record(commits, seconds, W, self.width.last_rates)
+        if self.trace is not None:
+            self.trace.write(prev_all_in=all_in, W=W, commits=commits, stages=seconds, **self.width.trace())
         nxt = make_draft_input_v2(bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens)
         return GenerationBatchResult(
             logits_output=logits_output,

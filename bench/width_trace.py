@@ -1,0 +1,75 @@
+"""Where a served run's decode time went, by batch size and verify width, from a step trace
+(SGLANG_DFLASH_DEBUG_STEP_TRACE=path on the server): steps, tokens committed per step against the
+controller's expectation, all-in seconds per step against its corrected cost, and realized tokens/s.
+
+python bench/width_trace.py TRACE.jsonl [TRACE2.jsonl ...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+
+
+def load(path: str) -> list[dict]:
+    steps = [json.loads(line) for line in open(path)]
+    # A step's all-in seconds arrive with the next step (its stages + the scheduler until then).
+    for a, b in zip(steps, steps[1:]):
+        a["all_in"] = b["prev_all_in"]
+    return [s for s in steps if s.get("all_in") is not None]
+
+
+def bucket(bs: int) -> str:
+    return "1" if bs == 1 else "2-3" if bs < 4 else "4-7" if bs < 8 else "8-15" if bs < 16 else "16+"
+
+
+def summarize(steps: list[dict]) -> list[dict]:
+    groups = defaultdict(list)
+    for s in steps:
+        groups[(bucket(s["bs"]), s["W"])].append(s)
+    rows = []
+    for (b, w), ss in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        n = len(ss)
+        tokens = sum(sum(s["commits"]) for s in ss)
+        secs = sum(s["all_in"] for s in ss)
+        stages = sum(sum(s["stages"].values()) for s in ss)
+        want = sum(
+            (s["bs"] - s["n_sampled"]) * s["e_greedy"][w - 1] + s["n_sampled"] * s["e_sampled"][w - 1] for s in ss
+        )
+        cost = sum(s["cost"].get(str(w), 0.0) for s in ss)
+        rows.append(
+            {
+                "bs": b,
+                "W": w,
+                "steps": n,
+                "rows": sum(s["bs"] for s in ss) / n,
+                "tok_step": tokens / n,
+                "exp_tok_step": want / n,
+                "ms_step": 1e3 * secs / n,
+                "stage_ms": 1e3 * stages / n,
+                "cost_ms": 1e3 * cost / n,
+                "tok_s": tokens / secs,
+                "share_s": secs,
+            }
+        )
+    total = sum(r["share_s"] for r in rows)
+    for r in rows:
+        r["share_s"] = r["share_s"] / total
+    return rows
+
+
+def main():
+    for path in sys.argv[1:]:
+        steps = load(path)
+        print(f"{path}: {len(steps)} steps, {sum(sum(s['commits']) for s in steps)} tokens")
+        print(" bs     W  steps  rows  tok/step (exp)   ms/step (stages, cost)   tok/s  time share")
+        for r in summarize(steps):
+            print(
+                f"{r['bs']:>4s} {r['W']:>4d} {r['steps']:>6d} {r['rows']:>5.1f} {r['tok_step']:>6.2f} ({r['exp_tok_step']:>5.2f})"
+                f"   {r['ms_step']:>7.1f} ({r['stage_ms']:>6.1f}, {r['cost_ms']:>6.1f})  {r['tok_s']:>7.1f}  {r['share_s']:>6.1%}"
+            )
+
+
+if __name__ == "__main__":
+    main()
