@@ -5,9 +5,9 @@ import random
 
 import pytest
 
+from sglang_dflash.pipeline.step_cost import CostTable
 from sglang_dflash.pipeline.width import (
     AcceptanceStats,
-    CostTable,
     WidthController,
     candidate_widths,
     load_width_config,
@@ -239,3 +239,30 @@ def test_per_request_acceptance_narrows_the_slow_tail():
     ctl.observe_rows(8, [("a", False), ("b", True)], [7, 0])
     ctl.observe_rows(8, [("b", True)], [1])  # "a" finished: its counts go
     assert set(ctl.row_stats) == {"b"}
+
+
+def test_a_width_never_run_borrows_the_observed_correction():
+    """A start-up profile taken on a slow stretch of the host (every cell 2x the real step): the
+    widths that run get corrected, and width 1, which would never run under a wrong profile, must
+    not keep its inflated cost (that made the controller speculate at a loss under load)."""
+    sizes = [1, 4, 16]
+    true = linear_costs(sizes, WIDTHS, fixed=1.0, per_row=0.01, draft=0.1)
+    cost = CostTable(sizes, WIDTHS, {k: 2 * v for k, v in true.items()})
+    assert cost.factor(1) == 1.0  # nothing observed yet: the profile as measured
+    for _ in range(60):
+        cost.observe(16, 4, true[(16, 4)])
+        cost.observe(16, 8, true[(16, 8)] * 0.8)
+    assert cost.factor(4) == pytest.approx(0.5, rel=0.02) and cost.factor(8) == pytest.approx(0.4, rel=0.02)
+    assert cost.factor(1) == pytest.approx((0.5 * 0.4) ** 0.5, rel=0.02)  # the observed ones' (log) mean
+    # Steps nearly as cheap at every width (a GPU-like batch): the inflated width 1 then loses to a
+    # corrected width 16 even when no draft is ever accepted, unless it borrows the correction.
+    true = linear_costs(sizes, WIDTHS, fixed=1.0, per_row=0.001, draft=0.02)
+    ctl = WidthController(16, CostTable(sizes, WIDTHS, {k: 2 * v for k, v in true.items()}))
+    for accept, settle in ((True, 100), (False, 200)):  # every draft accepted, then none
+        for i in range(settle + 300):
+            if i == settle:
+                ctl.chosen.clear()
+            w = ctl.choose(16)
+            ctl.observe(w, [w - 1 if accept else 0] * 16 if w > 1 else [], [])
+            ctl.observe_cost(16, w, true[(16, w)])
+        assert ctl.chosen[16 if accept else 1] > 0.8 * 300, (accept, ctl.chosen)  # without borrowing: 0

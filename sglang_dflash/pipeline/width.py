@@ -15,7 +15,7 @@ tokens per request. The controller picks, before each step, the W of a small fix
   (one accepting 1.3 tokens a block beside others at 3), and the rows left in a batch's tail are
   the slow ones, so a pooled estimate alone over-widens exactly when few rows remain.
 - cost(bs, W) is the start-up profile (forced monotone in bs and W), corrected online by the ratio
-  of observed to profiled step times per width.
+  of observed to profiled step times per width (pipeline/step_cost.py).
 - A step only observes the positions it verifies; counts past its width age 8x slower, so what a
   wider step measured is kept (not re-learnt by a wide step every few dozen steps). While W = 1
   nothing is observed and all counts age; a probe step at the best W > 1 runs every so often,
@@ -30,6 +30,8 @@ import math
 import random
 from collections import Counter
 from typing import Optional, Sequence
+
+from sglang_dflash.pipeline.step_cost import CostTable
 
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
 
@@ -120,47 +122,6 @@ class AcceptanceStats:
         return out
 
 
-class CostTable:
-    """Seconds per decode step, cost(bs, W): profiled at start-up, corrected online per width."""
-
-    def __init__(self, batch_sizes: Sequence[int], widths: Sequence[int], seconds: dict, alpha: float = 0.1):
-        """seconds[(bs, W)] for every profiled bs and candidate W; forced monotone in bs and W."""
-        self.batch_sizes, self.widths, self.alpha = sorted(batch_sizes), sorted(widths), alpha
-        self.table = {}
-        for w_i, w in enumerate(self.widths):
-            prev = 0.0
-            for bs in self.batch_sizes:
-                floor = max(prev, self.table.get((bs, self.widths[w_i - 1]), 0.0) if w_i else 0.0)
-                prev = self.table[(bs, w)] = max(float(seconds[(bs, w)]), floor)
-        self.correction = {w: 1.0 for w in self.widths}
-
-    def profiled(self, bs: int, w: int) -> float:
-        """Linear interpolation between profiled batch sizes; below the smallest its cost, beyond the
-        largest a linear extrapolation of the last two (a step never gets cheaper with more rows)."""
-        sizes = self.batch_sizes
-        i = bisect.bisect_left(sizes, bs)
-        if i < len(sizes) and (sizes[i] == bs or i == 0):
-            return self.table[(sizes[i], w)]
-        lo, hi = (sizes[i - 1], sizes[i]) if i < len(sizes) else (sizes[max(i - 2, 0)], sizes[i - 1])
-        t_lo, t_hi = self.table[(lo, w)], self.table[(hi, w)]
-        if hi == lo:  # one profiled size: proportional to the rows
-            return t_hi * bs / hi
-        return t_lo + (t_hi - t_lo) * (bs - lo) / (hi - lo)
-
-    def __call__(self, bs: int, w: int) -> float:
-        return self.profiled(bs, w) * self.correction[w]
-
-    def observe(self, bs: int, w: int, seconds: float) -> None:
-        ratio = seconds / max(self.profiled(bs, w), 1e-9)
-        self.correction[w] += self.alpha * (min(max(ratio, 0.2), 5.0) - self.correction[w])
-
-    def describe(self) -> str:
-        rows = ["bs\\W " + " ".join(f"{w:>8d}" for w in self.widths)]
-        for bs in self.batch_sizes:
-            rows.append(f"{bs:>4d} " + " ".join(f"{self.table[(bs, w)] * 1e3:>6.1f}ms" for w in self.widths))
-        return "\n".join(rows)
-
-
 class WidthController:
     """Chooses W per step (see module docstring); `fixed` pins it, `debug_seed` draws it at random,
     `cycle` walks a list by step number (tests: a known width sequence)."""
@@ -239,7 +200,7 @@ class WidthController:
             "n_sampled": n_sampled,
             "rates": {str(w): round(r, 2) for w, r in self.last_rates.items()},
             "cost": {str(w): round(self.cost(bs, w), 5) for w in self.candidates(bs)} if self.cost else {},
-            "correction": {str(w): round(c, 3) for w, c in self.cost.correction.items()} if self.cost else {},
+            "correction": {str(w): round(self.cost.factor(w), 3) for w in self.cost.widths} if self.cost else {},
             "e_greedy": e[False],
             "e_sampled": e[True],
         }
