@@ -20,6 +20,14 @@ def load(path: str) -> list[dict]:
     return [s for s in steps if s.get("all_in") is not None]
 
 
+def expected(s: dict, w: int) -> float:
+    """Tokens the controller expected from the step: its rate x cost (per-request estimates summed);
+    the pooled estimate where it recorded no rate (a pinned width)."""
+    if str(w) in s["rates"] and str(w) in s["cost"]:
+        return s["rates"][str(w)] * s["cost"][str(w)]
+    return (s["bs"] - s["n_sampled"]) * s["e_greedy"][w - 1] + s["n_sampled"] * s["e_sampled"][w - 1]
+
+
 def bucket(bs: int) -> str:
     return "1" if bs == 1 else "2-3" if bs < 4 else "4-7" if bs < 8 else "8-15" if bs < 16 else "16+"
 
@@ -34,9 +42,7 @@ def summarize(steps: list[dict]) -> list[dict]:
         tokens = sum(sum(s["commits"]) for s in ss)
         secs = sum(s["all_in"] for s in ss)
         stages = sum(sum(s["stages"].values()) for s in ss)
-        want = sum(
-            (s["bs"] - s["n_sampled"]) * s["e_greedy"][w - 1] + s["n_sampled"] * s["e_sampled"][w - 1] for s in ss
-        )
+        want = sum(expected(s, w) for s in ss)
         cost = sum(s["cost"].get(str(w), 0.0) for s in ss)
         rows.append(
             {
