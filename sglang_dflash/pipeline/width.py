@@ -167,21 +167,15 @@ class WidthController:
     def rates(self, bs: int, n_sampled: int, rows: Optional[Sequence] = None) -> dict:
         """{W: expected committed tokens per second} for a batch of bs rows, n_sampled of them sampled;
         rows [(request key, sampled)] (optional): each known request's own estimate."""
+        if rows is None:  # no request keys: every row at its kind's pooled estimate
+            rows = [(None, False)] * (bs - n_sampled) + [(None, True)] * n_sampled
+        a_pool = {k: self.accept[k].conditional() for k in (False, True)}
         e_pool = {k: self.accept[k].expected_tokens() for k in (False, True)}
-        if rows:
-            a_pool = {k: self.accept[k].conditional() for k in (False, True)}
-            per_row = [
-                self.row_stats[key].expected_tokens(a_pool[kind]) if key in self.row_stats else e_pool[kind]
-                for key, kind in rows
-            ]
-        out = {}
-        for w in self.candidates(bs):
-            if rows:
-                tokens = sum(e[w] for e in per_row)
-            else:
-                tokens = (bs - n_sampled) * e_pool[False][w] + n_sampled * e_pool[True][w]
-            out[w] = tokens / max(self.cost(bs, w), 1e-9)
-        return out
+        per_row = [
+            self.row_stats[key].expected_tokens(a_pool[kind]) if key in self.row_stats else e_pool[kind]
+            for key, kind in rows
+        ]
+        return {w: sum(e[w] for e in per_row) / max(self.cost(bs, w), 1e-9) for w in self.candidates(bs)}
 
     def choose(self, bs: int, n_sampled: int = 0, step: int = 0, rows: Optional[Sequence] = None) -> int:
         """bs rows, n_sampled of them sampled; step: the first request's verify count (cycle only);
