@@ -172,6 +172,46 @@ def test_held_out_documents_stay_out_of_the_corpus(tmp_path):
         assert ids == [d["id"] for d in docs[:5] + docs[8:]]
 
 
+def test_corpus_prompts_for_datagen_leave_held_out_documents_out(monkeypatch, tmp_path):
+    """`datagen --prompts corpus`: the corpus documents' user turns as prompts, families in turn,
+    sharded disjointly; an --exclude-docs document (and any twin asking the same) is never asked."""
+    from sglang_dflash.train import corpus, datagen
+    from sglang_dflash.train.__main__ import main
+
+    def doc(i, fam, user):
+        msgs = [{"role": "user", "content": user}, {"role": "assistant", "content": f"answer {i}"}]
+        return {"id": f"text-{i:04d}", "family": f"text-{fam}", "split": "train", "messages": msgs}
+
+    docs = [doc(i, "code", f"implement f{i}") for i in range(20)] + [
+        doc(20 + i, "prose", f"go on {i}") for i in range(6)
+    ]
+    docs += [doc(40 + i, "libcode", f"lib {i}") for i in range(10)]
+    docs += [doc(90, "libcode", "implement f3"), doc(91, "code", "implement f5")]  # twins of a held / a kept doc
+    monkeypatch.setattr(corpus, "documents", lambda seed=0, lib=True: list(docs))
+    held = {"text-0003", "text-0041"}
+    asks = corpus.ask_prompts(0, held)
+    assert [p["id"] for p in asks] == [p["id"] for p in corpus.ask_prompts(0, held)]
+    assert [p["id"] for p in asks] != [p["id"] for p in corpus.ask_prompts(1, held)]
+    users = [p["messages"][0]["content"] for p in asks]
+    assert len(set(users)) == len(users) == 38 - 2 - 2  # held out: 2, their twin: 1, a repeated user turn: 1
+    assert "implement f3" not in users and "lib 1" not in users and "implement f5" in users
+    assert [p["family"] for p in asks[:18]] == ["ask-code", "ask-libcode", "ask-prose"] * 6
+    assert all(p["split"] == "train" and [m["role"] for m in p["messages"]] == ["user"] for p in asks)
+    assert all(p["id"].startswith(corpus.ASK_PREFIX) and not p["id"].startswith(corpus.ID_PREFIX) for p in asks)
+    parts = [datagen.shard_prompts(30, 0, k, 2, set(), "corpus", held) for k in range(2)]
+    assert sorted(p["id"] for part in parts for p in part) == sorted(p["id"] for p in asks[:30])
+    assert not {p["id"] for p in parts[0]} & {p["id"] for p in parts[1]}
+    with pytest.raises(ValueError, match="--prompts"):
+        datagen.shard_prompts(5, 0, 0, 1, set(), "benchmarks")
+    rows = tmp_path / "unseen.jsonl"
+    rows.write_text("".join(json.dumps({"id": "unseen-" + i, "source": i}) + "\n" for i in sorted(held)))
+    seen = {}
+    monkeypatch.setattr(datagen, "run", lambda *a, **k: seen.update(k))
+    argv = ["datagen", "--workdir", str(tmp_path / "w"), "--model", "M", "--prompts", "corpus"]
+    main(argv + ["--exclude-docs", str(rows), "--threads", str(torch.get_num_threads())])
+    assert seen["source"] == "corpus" and seen["exclude"] == held
+
+
 def test_train_all_gives_datagen_one_thread(monkeypatch, tmp_path):
     """`train all` runs datagen (SGLang's Engine) beside the features on the other core: with the
     caller's OMP_NUM_THREADS=2 inherited, spinning threads cut datagen to a third."""

@@ -75,6 +75,12 @@ def main(argv=None):
     ap.add_argument(
         "--exclude-docs", help="held-out rows (bench/unseen_set.py's data.jsonl) whose source documents stay out"
     )
+    ap.add_argument(
+        "--prompts",
+        choices=["templates", "corpus"],
+        default="templates",
+        help="datagen's prompts: prompts.py's templates, or the corpus documents' user turns",
+    )
     ap.add_argument("--no-text", action="store_true", help="answers only (no corpus, no documents)")
     ap.add_argument("--draft-vocab", type=int, default=0, help="train over a reduced draft vocabulary (0: full)")
     ap.add_argument("--keep-draft-vocab", action="store_true", help="train over --init-from's draft vocabulary")
@@ -102,12 +108,12 @@ def main(argv=None):
     print("reproduce:", cmd, file=sys.stderr, flush=True)
     os.makedirs(a.workdir, exist_ok=True)
     leave = deadline - (a.min_train_minutes + a.export_margin_minutes) * 60 if deadline else None
+    from sglang_dflash.resumable_jsonl import read_rows
+
+    held = {r["source"] for r in read_rows(a.exclude_docs)} if a.exclude_docs else set()
     if a.stage in ("all", "corpus") and not a.no_text:
         from sglang_dflash.train import corpus
 
-        from sglang_dflash.resumable_jsonl import read_rows
-
-        held = {r["source"] for r in read_rows(a.exclude_docs)} if a.exclude_docs else set()
         corpus.write(a.workdir, a.model, a.text_answer_tokens, a.seed, exclude=held)
     gen_stop = time.time() + a.datagen_minutes * 60
     gen_stop = min(gen_stop, leave or gen_stop)
@@ -127,6 +133,8 @@ def main(argv=None):
             deadline=gen_stop,
             shard=a.shard,
             shards=a.shards,
+            source=a.prompts,
+            exclude=held,
         )
     if a.stage in ("all", "features"):
         from sglang_dflash.train import features
@@ -138,6 +146,7 @@ def main(argv=None):
             argv_gen += ["--gen-batch", str(a.gen_batch), "--max-new-tokens", str(a.max_new_tokens)]
             argv_gen += ["--datagen-minutes", str((gen_stop - time.time()) / 60), "--deadline", hhmm]
             argv_gen += ["--min-train-minutes", "0", "--export-margin-minutes", "0", "--shards", str(a.datagen_procs)]
+            argv_gen += ["--prompts", a.prompts] + (["--exclude-docs", a.exclude_docs] if a.exclude_docs else [])
             # one OpenMP thread whatever the caller exported: two spinning threads beside the
             # features' thread on 2 cores cut datagen from 86 to 30 tokens/s (cpu_serving.py)
             env = {**os.environ, "OMP_NUM_THREADS": "1"}

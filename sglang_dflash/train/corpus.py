@@ -13,6 +13,8 @@ with the target's argmax there (one prefill per document instead of one decode p
 blocks.py keeps a block position's label only while the text up to it equals the target's own
 argmax chain (then the label is exactly the target's greedy continuation).
 Every document is in the train split: the held-out split stays the generated prompts' answers.
+ask_prompts() gives datagen the same documents' user turns as prompts (--prompts corpus): the
+target answers them itself, so every label is a whole greedy chain, on prompts unlike the templates.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import functools
 import glob
 import gzip
 import hashlib
+import itertools
 import os
 import random
 import re
@@ -190,3 +193,28 @@ def write(workdir: str, model: str, max_answer_tokens: int = 320, seed: int = 0,
             stats["answer_tokens"] += len(ans)
     print("corpus:", json.dumps(stats))
     return stats
+
+
+ASK_PREFIX = "ask-"  # a datagen prompt taken from a corpus document's user turn
+
+
+def ask_prompts(seed: int = 0, exclude=frozenset()) -> list[dict]:
+    """Datagen prompts from the corpus documents' user turns, the families taken in turn (each
+    shuffled by seed; so the first n are balanced, not mostly library code): {"id": "ask-<document hash>", "family": "ask-<family>", "split": "train",
+    "messages": [user]}. A document whose id is in `exclude` (a held-out set's sources) is left
+    out (and any other document asking the same), and a user turn met twice is asked once."""
+    docs = documents(seed)
+    seen = {d["messages"][0]["content"] for d in docs if d["id"] in exclude}  # not even via a twin
+    fams: dict[str, list[dict]] = {}
+    for d in docs:
+        user = d["messages"][0]["content"]
+        if user in seen:
+            continue
+        seen.add(user)
+        fam = d["family"].removeprefix("text-")
+        fams.setdefault(fam, []).append({"id": ASK_PREFIX + d["id"].removeprefix(ID_PREFIX), "family": f"ask-{fam}",
+                                         "split": "train", "messages": d["messages"][:1]})  # fmt: skip
+    for fam in sorted(fams):
+        random.Random(f"ask-{seed}-{fam}").shuffle(fams[fam])
+    turns = itertools.zip_longest(*(fams[f] for f in sorted(fams)))
+    return [p for turn in turns for p in turn if p is not None]

@@ -28,9 +28,21 @@ def answer_files(workdir: str) -> list[str]:
     return [os.path.join(workdir, "data.jsonl")] + sorted(shards, key=lambda f: int(f.split(".")[-2]))
 
 
-def shard_prompts(n: int, seed: int, shard: int, shards: int, done: set) -> list[dict]:
-    """Shard `shard` of `shards`: every shards-th of the first n prompts, those not answered yet."""
-    return [p for i, p in enumerate(generate(n, seed)) if i % shards == shard and p["id"] not in done]
+def shard_prompts(
+    n: int, seed: int, shard: int, shards: int, done: set, source: str = "templates", exclude=frozenset()
+) -> list[dict]:
+    """Shard `shard` of `shards`: every shards-th of the first n prompts, those not answered yet.
+    source: "templates" (prompts.py) or "corpus" (the corpus documents' user turns, those in
+    `exclude` left out)."""
+    if source == "corpus":
+        from sglang_dflash.train.corpus import ask_prompts
+
+        prompts = ask_prompts(seed, exclude)[:n]
+    elif source == "templates":
+        prompts = generate(n, seed)
+    else:
+        raise ValueError(f"--prompts {source!r}: use 'templates' or 'corpus'")
+    return [p for i, p in enumerate(prompts) if i % shards == shard and p["id"] not in done]
 
 
 def make_engine(model: str, dtype: str, max_total_tokens: int):
@@ -62,16 +74,18 @@ def run(
     max_total_tokens: int = 32768,
     shard: int = 0,
     shards: int = 1,
+    source: str = "templates",
+    exclude=frozenset(),
 ) -> dict:
-    """Generate answers for the first n prompts (this shard's); stop starting new batches after
-    `deadline` (epoch s)."""
+    """Generate answers for the first n prompts (this shard's) of `source` (shard_prompts); stop
+    starting new batches after `deadline` (epoch s)."""
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
     os.makedirs(workdir, exist_ok=True)
     out_path = os.path.join(workdir, f"data.{shard}.jsonl" if shard else "data.jsonl")
     done = set().union(*(done_ids(f) for f in answer_files(workdir)))
-    todo = shard_prompts(n, seed, shard, shards, done)
+    todo = shard_prompts(n, seed, shard, shards, done, source, exclude)
     stats = {"skipped": len(done), "written": 0, "tokens": 0, "wall_s": 0.0}
     if not todo:
         return stats
