@@ -210,6 +210,16 @@ def test_corpus_prompts_for_datagen_leave_held_out_documents_out(monkeypatch, tm
     argv = ["datagen", "--workdir", str(tmp_path / "w"), "--model", "M", "--prompts", "corpus"]
     main(argv + ["--exclude-docs", str(rows), "--threads", str(torch.get_num_threads())])
     assert seen["source"] == "corpus" and seen["exclude"] == held
+    from sglang_dflash.train import export
+
+    (tmp_path / "w" / "data.jsonl").write_text(
+        "".join(
+            json.dumps({"id": i, "split": "train", "family": "f", "prompt_ids": [1], "answer_ids": [2] * n}) + "\n"
+            for i, n in (("p0", 3), (asks[0]["id"], 5))
+        )
+    )
+    st = export.data_stats(str(tmp_path / "w"))  # the card counts the corpus-asked answers apart
+    assert (st["sequences"], st["answer_tokens"], st["ask_seqs"], st["ask_tokens"]) == (2, 8, 1, 5)
 
 
 def test_train_all_gives_datagen_one_thread(monkeypatch, tmp_path):
