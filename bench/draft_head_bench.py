@@ -14,7 +14,7 @@ W rows the step reads (the row cut of DrafterLayer.forward), to measure what the
 (the target's verify, 270 MB of weights, runs between two draft steps).
 
 Arms alternate within each repeat (drift hits all alike); a row reports the median over repeats.
-Writes bench/results/draft_head.jsonl (rows of this commit replaced).
+Appends one run to bench/results/draft_head.jsonl.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from sglang_dflash.pipeline.attention import TorchBlockAttention  # noqa: E402
 from sglang_dflash.pipeline.context_kv import DraftKVCache  # noqa: E402
 from sglang_dflash.pipeline.draft import propose  # noqa: E402
 from sglang_dflash.train.__main__ import DRAFTER_DIR  # noqa: E402
-from sglang_dflash.train.trainer import load_target_tensor  # noqa: E402
+from sglang_dflash.train.target_files import load_target_tensor  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(__file__), "results", "draft_head.jsonl")
 SHOWN = ("bs", "width", "draft_vocab", "fused", "cut", "draft_ms", "head_ms", "vs_first")  # printed per row
@@ -140,7 +140,7 @@ def main():
             row.update(vs_first=round(draft / full, 3), **prov)
             rows.append(row)
             print(json.dumps({k: row[k] for k in SHOWN}))
-    provenance.replace_rows(OUT, rows, prov)
+    provenance.append_rows(OUT, rows, prov)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,10 @@ predicted speedup_W = tau_W * plain ITL / (verify_ms_W + draft_ms_W + other_ms_W
 The served speedup also pays prefill and scheduling (about 3% at concurrency 1): rank by this,
 confirm the chosen drafter with real_bench.py.
 
-    OMP_NUM_THREADS=1 python bench/drafter_arms.py --workdir /work/train6 /work/unseen -- NAME=PATH [NAME=PATH ...]
+    OMP_NUM_THREADS=1 python bench/drafter_arms.py --workdir WORKDIR UNSEEN_DIR -- NAME=PATH [NAME=PATH ...]
 
-Writes bench/results/drafter_arms.jsonl (rows of this commit replaced) and drafter_arms.png (the
-checkpoints' learning curves).
+Appends one run to bench/results/drafter_arms.jsonl and draws drafter_arms.png (the learning curves
+of the newest row per name).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from sglang_dflash.model.config import parse_drafter_config  # noqa: E402
 from sglang_dflash.model.draft_vocab import d2t_from_ids, ids_from_d2t  # noqa: E402
 from sglang_dflash.model.drafter import DFlashDrafter  # noqa: E402
 from sglang_dflash.train.blocks import walk_counts  # noqa: E402
-from sglang_dflash.train.export import load_exported  # noqa: E402
+from sglang_dflash.model.checkpoint import load_exported  # noqa: E402
 from sglang_dflash.train.features import load_seqs  # noqa: E402
-from sglang_dflash.train.trainer import load_embedding  # noqa: E402
+from sglang_dflash.train.target_files import load_embedding  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 
@@ -92,16 +92,17 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def costs(path: str) -> dict:
-    """Per-step ms at concurrency 1 T0 from the real_bench run with the most fixed-width rows (the
-    newest of those): {"itl_plain": ms, W: (verify_ms, other_ms)}."""
+    """Per-step ms at concurrency 1 T0 from the real_bench run with the most fixed-width rows of the
+    package's drafter (the newest of those): {"run", "commit", "itl_plain": ms, W: (verify_ms, other_ms)}."""
     with open(path) as f:
         rows = [r for r in map(json.loads, f) if r["concurrency"] == 1 and r["temperature"] == 0]
-    fixed = [r["commit"] for r in rows if r["config"].startswith("fixed")]
-    commit = max(reversed(fixed), key=fixed.count)
-    rows = [r for r in rows if r["commit"] == commit]
-    out = {"commit": commit, "itl_plain": 1e3 * next(r["itl_p50"] for r in rows if r["config"] == "plain")}
+    fixed = [r["run"] for r in rows if r["config"][5:].isdigit() and r["config"].startswith("fixed")]
+    run = max(reversed(fixed), key=fixed.count)
+    rows = [r for r in rows if r["run"] == run]
+    plain = next(r["itl_p50"] for r in rows if r["config"] == "plain")
+    out = {"run": run, "commit": rows[0]["commit"], "itl_plain": 1e3 * plain}
     for r in rows:
-        if r["config"].startswith("fixed"):
+        if r["config"][5:].isdigit() and r["config"].startswith("fixed"):
             w = int(r["config"][5:])
             steps, st = r["width_steps"][str(w)], r["stage_s"]
             out[w] = (1e3 * st["verify"] / steps, 1e3 * (st["sample"] + st["kv_write"]) / steps)
@@ -130,7 +131,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("candidates", nargs="+", help="NAME=PATH (ckpt .pt or exported folder)")
     ap.add_argument("--workdir", nargs="+", required=True, help="held-out sets: workdirs whose features hold them")
-    ap.add_argument("--costs", default=os.path.join(RESULTS, "c1_widths.jsonl"))
+    ap.add_argument("--costs", default=os.path.join(RESULTS, "real_bench.jsonl"))
     ap.add_argument("--max-answer", type=int, default=128)
     a = ap.parse_args()
     torch.set_num_threads(2)  # the walks; draft_ms times on one
@@ -161,7 +162,7 @@ def main():
         brief = {k: v for k, v in rows[-1]["training"].items() if k != "curve"}
         print("  training:", json.dumps(brief), flush=True)
     out = os.path.join(RESULTS, "drafter_arms.jsonl")
-    provenance.replace_rows(out, rows, prov)
+    provenance.append_rows(out, rows, prov)
     with open(out) as f:  # every arm measured so far on the first set (the newest row per name)
         latest = {r["name"]: r for r in map(json.loads, f) if r["heldout_set"] == a.workdir[0]}
     plot(list(latest.values()), os.path.join(RESULTS, "drafter_arms.png"))

@@ -1,9 +1,13 @@
 """What a benchmark row measured, defined once for every bench that writes results (real_bench,
-serve_bench, e2e_check, ops_bench), so two rows are comparable only when these fields say so.
+the bench/checks/ scripts, ops_bench, ...), so two rows are comparable only when these fields say so.
 
 - git_state(): the commit measured and whether the work tree differed from it. Paths under
   bench/results/ are left out: a previous run's output does not change what is measured, and
   counting it would mark every second run dirty.
+- stamp() / append_rows(): every results file holds one benchmark kind, rows appended run after
+  run; each row carries `run` (the date and commit measured, `-2`, `-3`... when that name is taken
+  in the file), the commit, dirty flag, time and host facts. Paths are written relative to the
+  repository or to `~`, never as one machine's absolute paths.
 - server_argv(): the exact server command line of an arm, from sglang_dflash/testing/servers.py
   server_cmd (what servers.launch runs, minus the per-run --port).
 - SCHED_FLAGS: DFLASH forces --disable-overlap-schedule and sets --max-running-requests 48 when
@@ -24,9 +28,9 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import statistics
 import subprocess
-import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,20 +61,72 @@ def git_state() -> dict:
     return {"commit": head.strip() if head else None, "dirty": bool(files), "dirty_files": files[:20]}
 
 
+def host() -> dict:
+    """The machine a row ran on: CPU model and count, memory, GPUs (names), OS."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+        with open("/proc/meminfo") as f:
+            mem_gib = round(int(f.readline().split()[1]) / 2**20, 1)
+    except OSError:
+        mem_gib = None
+    try:
+        q = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+        gpus = subprocess.run(q, capture_output=True, text=True, timeout=30).stdout.split("\n")
+    except (OSError, subprocess.TimeoutExpired):
+        gpus = []
+    return {
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "mem_gib": mem_gib,
+        "gpus": [g for g in gpus if g],
+        "os": platform.system(),
+    }
+
+
 def stamp() -> dict:
     """Provenance captured once, at the START of a run (before it writes any result file)."""
-    return {**git_state(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": sys.executable}
+    return {
+        **git_state(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "python": platform.python_version(),
+        "host": host(),
+    }
 
 
-def replace_rows(path: str, rows: list[dict], prov: dict) -> None:
-    """JSONL at path: earlier commits' rows kept, this commit's replaced by rows (a rerun overwrites)."""
-    kept = []
+def portable(obj):
+    """obj with every string's absolute repository path made relative and the home folder as `~`."""
+    if isinstance(obj, str):
+        return obj.replace(ROOT + os.sep, "").replace(ROOT, ".").replace(os.path.expanduser("~"), "~")
+    if isinstance(obj, list):
+        return [portable(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: portable(v) for k, v in obj.items()}
+    return obj
+
+
+def run_name(prov: dict, taken) -> str:
+    """`YYYY-MM-DD-<commit>`; `-2`, `-3`... when a run of that date and commit is already in the file."""
+    base = f"{prov['time'][:10]}-{(prov.get('commit') or 'nogit')[:7]}"
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}-{n}"
+    return name
+
+
+def append_rows(path: str, rows: list[dict], prov: dict) -> str:
+    """Append rows to the JSONL at path as one new run (every row gets its `run` name first); returns it."""
+    taken = set()
     if os.path.exists(path):
         with open(path) as f:
-            kept = [r for r in map(json.loads, f) if r.get("commit") != prov.get("commit")]
-    with open(path, "w") as f:
-        for r in kept + rows:
-            f.write(json.dumps(r) + "\n")
+            taken = {json.loads(line).get("run") for line in f if line.strip()}
+    run = run_name(prov, taken)
+    with open(path, "a") as f:
+        for r in rows:
+            f.write(json.dumps({"run": run, **portable(r)}) + "\n")
+    return run
 
 
 def add_method_args(ap) -> None:
@@ -135,6 +191,7 @@ def row_fields(prov: dict, argv: dict[str, list[str]], config: str, match_sched:
         "dirty": prov["dirty"],
         "dirty_files": prov["dirty_files"],
         "time": prov["time"],
+        "host": prov.get("host"),
         "argv": argv[config],
         "baseline_argv": argv[baseline],
         "sched_matched": match_sched,

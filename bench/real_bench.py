@@ -20,11 +20,15 @@ Per configuration: output tokens/s, speedup, tau (provenance.tau: committed toke
 steps, pooled over requests and repeats; the server's sglang:dflash_accept_length histogram is
 kept as tau_hist), the verify widths chosen (steps per width, from sglang:dflash_verify_width),
 seconds per stage (draft / verify / sample / kv_write), TTFT and inter-token latency p50/p99 (streaming
-clients, pooled over repeats), and the provenance (commit, dirty flag, both arms' server argv). Writes
-bench/results/real_bench.jsonl and real_bench.png.
+clients, pooled over repeats), and the provenance (commit, dirty flag, host, both arms' server argv).
+Appends one run to bench/results/real_bench.jsonl (`run`: date + commit); bench/results_page.py
+draws real_bench.png and the docs tables from the rows.
 
 python bench/real_bench.py [--arms plain fixed<B> adaptive] [--concurrency 1 4 16 32] [--temperatures 0 1]
-                           [--repeats 2] [--no-match-sched]
+                           [--repeats 2] [--no-match-sched] [--tiny]
+--tiny: the tiny generated pair of `make serve-tiny` (a 2-layer drafter steered to be right part of
+the time; float32, random prompts of up to 256 tokens, concurrency 1 / 4 / 16 at temperature 0 by
+default) instead of the embedded model; appends to bench/results/tiny_bench.jsonl.
 """
 
 from __future__ import annotations
@@ -186,47 +190,14 @@ def collate(runs, prov, argv, match_sched, max_new):
     return rows
 
 
-def plot(rows, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    temps = sorted({r["temperature"] for r in rows})
-    fig, axes = plt.subplots(2, len(temps), figsize=(5 * len(temps), 7), squeeze=False)
-    for col, temp in enumerate(temps):
-        for cfg in sorted({r["config"] for r in rows}):
-            rs = sorted(
-                (r for r in rows if r["config"] == cfg and r["temperature"] == temp), key=lambda r: r["concurrency"]
-            )
-            xs = [r["concurrency"] for r in rs]
-            line = axes[0][col].plot(xs, [r["tok_s"] for r in rs], marker="o", label=cfg)[0]
-            # The band is min..max over repeats: a ratio inside overlapping bands is not a result.
-            axes[0][col].fill_between(
-                xs, [r["tok_s_min"] for r in rs], [r["tok_s_max"] for r in rs], color=line.get_color(), alpha=0.2
-            )
-            if any(r["tau"] is not None for r in rs):  # plain has no verify steps, hence no tau
-                axes[1][col].plot(xs, [r["tau"] for r in rs], marker="o", label=cfg)
-        for row, name in enumerate(["output tokens/s (min-max band)", "tau (tokens per verify)"]):
-            ax = axes[row][col]
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("concurrency")
-            ax.set_ylabel(name)
-            ax.set_title(f"SmolLM2-135M, temperature {temp}")
-            ax.grid(alpha=0.3)
-            ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
     ap.add_argument("--draft")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", help="default: bfloat16 (float32 with --tiny)")
     ap.add_argument("--arms", nargs="+", help="default: plain, fixed<B> (B: the drafter's block), adaptive")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
-    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--concurrency", type=int, nargs="+", help="default: 1 4 16 32 (1 4 16 with --tiny)")
+    ap.add_argument("--temperatures", type=float, nargs="+", help="default: 0 1 (0 with --tiny)")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument(
@@ -237,20 +208,35 @@ def main():
         action="store_true",
         help="every request runs to --max-new-tokens: sampled arms then compare equal workloads (their samples differ)",
     )
+    ap.add_argument("--tiny", action="store_true", help="the tiny steered pair instead of the embedded model")
+    ap.add_argument("--label", help="what this run compares, kept in every row (docs/results.md shows it)")
     provenance.add_method_args(ap)
-    ap.add_argument("--out", default=os.path.join(RESULTS, "real_bench.jsonl"))
+    ap.add_argument("--out", help="default: bench/results/real_bench.jsonl (tiny_bench.jsonl with --tiny)")
     a = ap.parse_args()
     prov = provenance.stamp()  # before anything is written
-    from transformers import AutoTokenizer
-
-    from sglang_dflash.drafters import shipped_drafter
-    from sglang_dflash.embedded import derive
     from sglang_dflash.model.config import read_block_size
 
-    a.model = a.model or derive()
-    a.draft = a.draft or shipped_drafter()
+    a.dtype = a.dtype or ("float32" if a.tiny else "bfloat16")
+    a.concurrency = a.concurrency or ([1, 4, 16] if a.tiny else [1, 4, 16, 32])
+    a.temperatures = a.temperatures or ([0.0] if a.tiny else [0.0, 1.0])
+    a.out = a.out or os.path.join(RESULTS, "tiny_bench.jsonl" if a.tiny else "real_bench.jsonl")
+    if a.tiny:
+        from sglang_dflash.testing.serve_assets import build_pair
+        from sglang_dflash.testing.servers import prompts
+
+        if not a.model:
+            a.model, a.draft = build_pair(os.path.expanduser("~/.cache/sglang_dflash/serve"))
+        batch = prompts(a.requests, seed=2, max_len=256)
+    else:
+        from transformers import AutoTokenizer
+
+        from sglang_dflash.drafters import shipped_drafter
+        from sglang_dflash.embedded import derive
+
+        a.model = a.model or derive()
+        a.draft = a.draft or shipped_drafter()
+        batch = heldout_prompts(AutoTokenizer.from_pretrained(a.model), a.requests)
     a.arms = a.arms or ["plain", f"fixed{read_block_size(a.draft)}", "adaptive"]
-    batch = heldout_prompts(AutoTokenizer.from_pretrained(a.model), a.requests)
     arms = {name: provenance.arm(name, a.draft, ["--enable-metrics"], a.match_sched) for name in a.arms}
     argv = {cfg: provenance.server_argv(a.model, d, a.dtype, extra) for cfg, (d, extra, _) in arms.items()}
     runs = []
@@ -275,12 +261,11 @@ def main():
     rows = collate(runs, prov, argv, a.match_sched, a.max_new_tokens)
     for r in rows:
         r["env"], r["seeded"], r["ignore_eos"] = arms[r["config"]][2], not a.unseeded, a.ignore_eos
-    with open(a.out, "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    plot(rows, a.out.replace(".jsonl", ".png"))
+        if a.label:
+            r["label"] = a.label
+    run_name = provenance.append_rows(a.out, rows, prov)
     dirty = " (dirty tree)" if prov["dirty"] else ""
-    print(f"commit {prov['commit']}{dirty}; {a.repeats} repeats; scheduler flags matched: {a.match_sched}")
+    print(f"run {run_name}{dirty}; {a.repeats} repeats; scheduler flags matched: {a.match_sched}")
     print(
         "| config | T | conc | tok/s (min-max) | speedup (min-max) | tau | widths (steps) | TTFT p50/p99 s "
         "| ITL p50/p99 ms |\n|---|---|---|---|---|---|---|---|---|"

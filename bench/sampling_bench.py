@@ -1,13 +1,13 @@
 """The target-sampling stage alone (pipeline/target_sampling.target_tokens) at the verify shapes a
 decode step hands it: batch x width rows of the embedded model's vocabulary (49,152), bf16 logits,
-temperature 1 with no filter, seeded, top-k 50 and top-p 0.9. Writes bench/results/sampling_bench.jsonl.
+temperature 1 with no filter, seeded, top-k 50 and top-p 0.9. Appends one run to
+bench/results/sampling_bench.jsonl.
 
     python bench/sampling_bench.py
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -55,13 +55,14 @@ def main() -> None:
     torch.set_num_threads(1)
     prov = provenance.stamp()
     out = os.path.join(ROOT, "bench", "results", "sampling_bench.jsonl")
-    with open(out, "a") as f:
-        for bs, width in SHAPES:
-            row = {"bs": bs, "width": width, "rows": bs * width, "vocab": VOCAB}
-            for name, case in CASES.items():
-                row[f"{name}_ms"] = round(time_case(bs, width, **case) * 1e3, 3)
-            print(row)
-            f.write(json.dumps({**row, **prov}) + "\n")
+    rows = []
+    for bs, width in SHAPES:
+        row = {"bs": bs, "width": width, "rows": bs * width, "vocab": VOCAB}
+        for name, case in CASES.items():
+            row[f"{name}_ms"] = round(time_case(bs, width, **case) * 1e3, 3)
+        print(row)
+        rows.append({**row, **prov})
+    provenance.append_rows(out, rows, prov)
 
 
 if __name__ == "__main__":

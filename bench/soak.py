@@ -226,10 +226,9 @@ def main():
         target, drafter = build_pair(os.path.expanduser("~/.cache/sglang_dflash/serve"))
     fig = soak(target, drafter, args.requests, args.concurrency)
     fig["model"] = "embedded SmolLM2-135M + shipped drafter" if args.real else "tiny steered pair"
-    fig.update({k: prov[k] for k in ("commit", "dirty", "dirty_files", "time")})
+    fig.update({k: prov[k] for k in ("commit", "dirty", "dirty_files", "time", "host")})
     print(json.dumps(fig, indent=1))
-    with open(args.out, "a") as f:
-        f.write(json.dumps(fig) + "\n")
+    provenance.append_rows(args.out, [fig], prov)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ optimizer; medians over repeats) and labelled block tokens/s.
 
     python bench/train_step_bench.py [--head 26258] [--vocab 16384] [--repeats 5] [--threads 2]
 
-Writes bench/results/train_step.jsonl (rows of this commit replaced) and train_step.png.
+Appends one run to bench/results/train_step.jsonl and draws train_step.png from its rows.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def main():
         row |= {"step_s": round(sum(stages), 4), "block_tok_s": round(tok, 1), **prov}
         rows_out.append(row)
         print(json.dumps({k: row[k] for k in ("arm", "step_s", "forward_s", "loss_s", "backward_s", "block_tok_s")}))
-    provenance.replace_rows(os.path.join(RESULTS, "train_step.jsonl"), rows_out, prov)
+    provenance.append_rows(os.path.join(RESULTS, "train_step.jsonl"), rows_out, prov)
     import matplotlib
 
     matplotlib.use("Agg")

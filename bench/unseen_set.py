@@ -4,7 +4,7 @@ function", "continue this text") that the run's features stage did not reach. Th
 `train/prompts.py` measures templated prompts like the training ones; this one measures how a
 drafter does on prompts unlike its templates (issue 14: the shipped drafter generalised poorly).
 
-    python bench/unseen_set.py --from /work/train6 [/work/train11 ...] [--seen-prefix 0:2944] --out /work/unseen
+    python bench/unseen_set.py --from WORKDIR [WORKDIR2 ...] [--seen-prefix 0:2944] --out UNSEEN_DIR
 
 A drafter warm-started through several runs has seen the documents of all of them: pass every
 run's workdir to --from, and --seen-prefix SEED:N for a run whose features are not on this machine

@@ -2,22 +2,36 @@
 (SGLANG_DFLASH_DEBUG_STEP_TRACE=path on the server): steps, tokens committed per step against the
 controller's expectation, all-in seconds per step against its corrected cost, and realized tokens/s.
 
-python bench/width_trace.py TRACE.jsonl [TRACE2.jsonl ...]
+python bench/width_trace.py [TRACE.jsonl ...]   (default: bench/results/width_trace.jsonl)
+A raw trace is one server's steps; the results file holds several, each row tagged with its
+real_bench `run` and `trace` number, and each is summarized on its own.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import defaultdict
 
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "width_trace.jsonl")
 
-def load(path: str) -> list[dict]:
-    steps = [json.loads(line) for line in open(path)]
-    # A step's all-in seconds arrive with the next step (its stages + the scheduler until then).
-    for a, b in zip(steps, steps[1:]):
-        a["all_in"] = b["prev_all_in"]
-    return [s for s in steps if s.get("all_in") is not None]
+
+def load(path: str) -> dict[str, list[dict]]:
+    """{trace name: its steps}, one entry per (run, trace) of the file (the path alone for a raw trace)."""
+    traces = defaultdict(list)
+    with open(path) as f:
+        for line in f:
+            s = json.loads(line)
+            name = f"{s['run']} trace {s['trace']}" if "run" in s else path
+            traces[name].append(s)
+    out = {}
+    for name, steps in traces.items():
+        # A step's all-in seconds arrive with the next step (its stages + the scheduler until then).
+        for a, b in zip(steps, steps[1:]):
+            a["all_in"] = b["prev_all_in"]
+        out[name] = [s for s in steps if s.get("all_in") is not None]
+    return out
 
 
 def expected(s: dict, w: int) -> float:
@@ -66,9 +80,9 @@ def summarize(steps: list[dict]) -> list[dict]:
 
 
 def main():
-    for path in sys.argv[1:]:
-        steps = load(path)
-        print(f"{path}: {len(steps)} steps, {sum(sum(s['commits']) for s in steps)} tokens")
+    traces = {name: steps for path in sys.argv[1:] or [RESULTS] for name, steps in load(path).items()}
+    for name, steps in traces.items():
+        print(f"{name}: {len(steps)} steps, {sum(sum(s['commits']) for s in steps)} tokens")
         print(" bs     W  steps  rows  tok/step (exp)   ms/step (stages, cost)   tok/s  time share")
         for r in summarize(steps):
             print(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_dflash.srt.cpu_shims import install_cpu_shims
+from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
 
 install_cpu_shims()  # without a GPU, SGLang's module-level sgl_kernel imports need these stand-ins
 
@@ -91,3 +91,34 @@ def sglang_probs(logits: torch.Tensor, temperature, top_p=1.0, top_k=-1, min_p=0
         )
     dense = torch.zeros_like(probs).scatter_(1, token_ids.long(), weights)
     return dense / dense.sum(-1, keepdim=True)
+
+
+def flashinfer_probs(logits: torch.Tensor, temperature, top_p=1.0, top_k=-1, min_p=0.0) -> torch.Tensor:
+    """The distribution SGLang's FlashInfer sampling backend (its CUDA default) draws from, as
+    ``Sampler._sample_from_probs`` calls it: with no min-p in the batch,
+    ``top_k_top_p_sampling_from_probs(..., filter_apply_order="joint")`` keeps the tokens inside both
+    the top-k and the top-p nucleus of the same probs (the torch sampler's support: sglang_probs);
+    with min-p anywhere in the batch, ``top_k_renorm_prob`` -> ``top_p_renorm_prob`` ->
+    ``min_p_sampling_from_probs``: top-p is cut on the distribution renormalized over the top-k,
+    then min-p against the row's maximum. FlashInfer cannot run here, so this follows its documented
+    semantics step by step (each step a renormalized distribution); bench/checks/gpu_check compares
+    the real kernels on a GPU."""
+    n, vocab = logits.shape
+    params = request_params(n, temperature, top_p, top_k, min_p, vocab)
+    if not any(sp.min_p > 0 for sp in params):
+        return sglang_probs(logits, temperature, top_p, top_k, min_p)
+    temps, top_ps, top_ks, min_ps = batch_tensors(params)
+    probs = torch.softmax(logits.float() / temps, dim=-1)
+    out = torch.zeros_like(probs)
+    for i in range(n):
+        if params[i].top_k <= 1:  # greedy rows: the argmax
+            out[i, probs[i].argmax()] = 1.0
+            continue
+        vals, idx = probs[i].sort(descending=True)
+        vals = torch.where(torch.arange(vocab) < int(top_ks[i]), vals, 0.0)  # top_k_renorm_prob
+        vals = vals / vals.sum()
+        vals = torch.where(vals.cumsum(0) - vals > float(top_ps[i]), 0.0, vals)  # top_p_renorm_prob
+        vals = vals / vals.sum()
+        vals = torch.where(vals < float(min_ps[i]) * vals[0], 0.0, vals)  # min_p_sampling_from_probs
+        out[i, idx] = vals / vals.sum()
+    return out

@@ -1,5 +1,5 @@
 """The drafter's block attention is warmed up at start-up (DFlashWorker.init_attention_backends ->
-target_model.warm_up_block_attention): a FlashInfer JIT, plan or run failure is a start-up error
+attention_choice.warm_up_block_attention): a FlashInfer JIT, plan or run failure is a start-up error
 naming FlashInfer, not a per-step fallback. FlashInfer itself is replaced by a CPU stand-in (or a
 failing one: fault injection); the rest of the path is the decode step's own. No server."""
 
@@ -12,7 +12,7 @@ import torch
 from sglang_dflash.model.config import parse_drafter_config
 from sglang_dflash.pipeline import flashinfer_attention as fa
 from sglang_dflash.pipeline.context_kv import DraftKVCache
-from sglang_dflash.srt import target_model
+from sglang_dflash.pipeline import attention_choice
 from sglang_dflash.testing.fake_flashinfer import FakePrefillWrapper
 from sglang_dflash.testing.tiny_config import tiny_cfg_dict
 
@@ -55,11 +55,11 @@ def install(monkeypatch, make):
 def test_warm_up_runs_flashinfer_path_with_pinned_backend(monkeypatch):
     seen = install(monkeypatch, FakePrefillWrapper)
     cfg, kv = drafter()
-    target_model.warm_up_block_attention(cfg, B, True, kv)
+    attention_choice.warm_up_block_attention(cfg, B, True, kv)
     assert seen and set(seen) == {"fa2"}, "FlashInfer backend must be pinned to SGLang's fa2 by default"
     monkeypatch.setenv("SGLANG_DFLASH_FLASHINFER_BACKEND", "fa3")
     seen.clear()
-    target_model.warm_up_block_attention(cfg, B, True, kv)
+    attention_choice.warm_up_block_attention(cfg, B, True, kv)
     assert set(seen) == {"fa3"}
 
 
@@ -68,7 +68,7 @@ def test_flashinfer_warm_up_failure_is_a_start_up_error(monkeypatch, stage):
     install(monkeypatch, lambda: Failing(stage))
     cfg, kv = drafter()
     with pytest.raises(RuntimeError, match="FlashInfer block attention failed its start-up warm-up") as e:
-        target_model.warm_up_block_attention(cfg, B, True, kv)
+        attention_choice.warm_up_block_attention(cfg, B, True, kv)
     msg = str(e.value)
     assert "4 query / 2 KV heads, head_dim 8, torch.bfloat16 cache, block 4, backend fa2" in msg
     assert "SGLANG_DFLASH_FLASHINFER_BACKEND" in msg and "Fix:" in msg
@@ -83,14 +83,14 @@ def test_import_failure_of_flashinfer_is_a_start_up_error(monkeypatch):
     monkeypatch.setattr(fa, "_wrapper", wrapper)
     cfg, kv = drafter(torch.float16)
     with pytest.raises(RuntimeError, match="FlashInfer block attention failed.*No module named 'flashinfer'"):
-        target_model.warm_up_block_attention(cfg, B, True, kv)
+        attention_choice.warm_up_block_attention(cfg, B, True, kv)
 
 
 def test_torch_path_on_cpu_and_float32_warm_up_without_flashinfer(monkeypatch):
     seen = install(monkeypatch, lambda: Failing("plan"))
     for cuda, dtype in ((False, torch.bfloat16), (True, torch.float32)):  # float32: FlashInfer has no kernels
         cfg, kv = drafter(dtype)
-        target_model.warm_up_block_attention(cfg, B, cuda, kv)
+        attention_choice.warm_up_block_attention(cfg, B, cuda, kv)
     assert seen == []
 
 
@@ -100,7 +100,7 @@ def test_torch_warm_up_failure_names_torch(monkeypatch):
 
     cfg, kv = drafter(torch.float32)
     with pytest.raises(RuntimeError, match=r"block attention \(torch\) failed its start-up warm-up.*bad table"):
-        target_model.warm_up_block_attention(cfg, B, False, kv, attention=broken)
+        attention_choice.warm_up_block_attention(cfg, B, False, kv, attention=broken)
 
 
 def test_worker_start_up_calls_the_warm_up():

@@ -1,6 +1,6 @@
 """The CUDA sources compile for sm_90 and sm_100 (the arch list when no GPU is visible) with nvcc (compile only: nothing CUDA runs here),
 warnings as errors (SGLANG_DFLASH_WERROR=1; off for users' installs); the CPU and CUDA ops share
-csrc/dflash_checks.h; and bench/gpu_check.sh passes its CPU mode for both tiers."""
+csrc/dflash_checks.h; and bench/checks/gpu_check.sh passes its CPU mode for both tiers."""
 
 import ast
 import glob
@@ -126,7 +126,7 @@ def test_write_draft_kv_uses_shared_checks(source, fn, launch):
 @pytest.mark.parametrize("tier", ["--kernels", "--e2e"])
 def test_gpu_check_cpu_mode(tier):
     p = subprocess.run(
-        ["bash", "bench/gpu_check.sh", tier, "--cpu"],
+        ["bash", "bench/checks/gpu_check.sh", tier, "--cpu"],
         cwd=ROOT,
         capture_output=True,
         text=True,

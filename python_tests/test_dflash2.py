@@ -11,7 +11,7 @@ from sglang_dflash.model.config import DrafterConfigError, load_drafter_config
 from sglang_dflash.pipeline.draft import propose
 from sglang_dflash.model.dynamic_conv import DynamicConv
 from sglang_dflash.model.loader import load_drafter
-from sglang_dflash.model.path import best_path, sample_path
+from sglang_dflash.model.path_walk import best_path, sample_path
 from sglang_dflash.testing.reference import conv_reference, path_score
 from sglang_dflash.testing.tiny_drafter import make_tiny_drafter
 from sglang_dflash.testing.tiny_models import tiny_model_cache

@@ -78,7 +78,7 @@ def test_steer_module_controls_a_dummy_weight_target():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from sglang_dflash.srt.steer import steer_module
+    from sglang_dflash.testing.steer import steer_module
 
     cfg = LlamaConfig(
         vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,

@@ -1,4 +1,4 @@
-"""The kernels tier of the GPU check (bench/gpu_check.py) on CPU, case by case: the backend check,
+"""The kernels tier of the GPU check (bench/checks/gpu_check.py) on CPU, case by case: the backend check,
 every head layout, the fp8 cache write, and that its tolerance (relative to the output's scale)
 catches a causal/non-causal mix-up. The whole script runs in test_builds.py (server-marked)."""
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "checks"))
 import gpu_check  # noqa: E402
 from sglang_dflash.pipeline.attention import attend_rows  # noqa: E402
 
@@ -68,6 +68,6 @@ def test_kernels_tier_needs_no_sglang():
         "import gpu_check\n"
         "print(gpu_check.kernels.load())\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(bench)}
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(bench))}
     p = subprocess.run([sys.executable, "-c", code], cwd=bench, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "extension", p.stderr[-2000:]

@@ -49,3 +49,13 @@ def test_every_plain_module_imports():
         if mod.name.startswith(("sglang_dflash.srt", "sglang_dflash.train.__main__", "sglang_dflash._C")):
             continue
         importlib.import_module(mod.name)
+
+
+def test_serving_code_never_imports_test_helpers():
+    """srt/ never imports testing/; plugin.py reaches it only through testing.switches (the test
+    switches, imported when one is set)."""
+    for path in sorted((PKG / "srt").glob("*.py")):
+        bad = {m for m in imported_modules(path) if m.startswith("sglang_dflash.testing")}
+        assert not bad, f"{path.relative_to(PKG)} imports {sorted(bad)}"
+    plugin = {m for m in imported_modules(PKG / "plugin.py") if m.startswith("sglang_dflash.testing")}
+    assert plugin == {"sglang_dflash.testing.switches"}, plugin

@@ -273,7 +273,7 @@ def test_logprobs_match_plain(mixed):
 @pytest.mark.server
 def test_unsupported_sampling_features_are_refused_clearly(mixed):
     srv = mixed[0]
-    from sglang_dflash.srt.cpu_shims import install_cpu_shims
+    from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
 
     install_cpu_shims()  # without a GPU, SGLang's module-level sgl_kernel imports need these stand-ins
     from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor

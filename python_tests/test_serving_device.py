@@ -47,7 +47,7 @@ def test_harness_follows_the_machine(monkeypatch, visible):
 
 def test_harness_device_can_be_forced(monkeypatch):
     monkeypatch.setattr(servers, "cuda_visible", lambda: True)
-    assert servers.server_device("cpu").name == "cpu"  # bench/gpu_check.sh --cpu on a GPU machine
+    assert servers.server_device("cpu").name == "cpu"  # bench/checks/gpu_check.sh --cpu on a GPU machine
     monkeypatch.setattr(servers, "cuda_visible", lambda: False)
     assert servers.server_device("cuda").name == "cuda"
     with pytest.raises(ValueError, match="device='gpu': expected 'cuda', 'cpu'"):

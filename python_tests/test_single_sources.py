@@ -1,5 +1,6 @@
 """One source of truth per fact: the block-size policy, resumable JSONL, build-once folders, the
-environment variables (checked against the README table) and the CPU serving settings."""
+environment variables (the user-facing ones checked against the README table, the debug and test
+switches against env.py's docstring) and the CPU serving settings."""
 
 import glob
 import json
@@ -24,7 +25,7 @@ def sources(*patterns):
                 yield os.path.relpath(path, ROOT), f.read()
 
 
-PY_SOURCES = ("sglang_dflash/**/*.py", "python_tests/*.py", "bench/*.py")
+PY_SOURCES = ("sglang_dflash/**/*.py", "python_tests/*.py", "bench/*.py", "bench/checks/*.py")
 
 
 # ---- block size ------------------------------------------------------------------------------
@@ -143,13 +144,20 @@ def readme_env_rows():
         return [line.rstrip("\n") for line in f if line.startswith("| `SGLANG_DFLASH_")]
 
 
+# Switches for debugging, fault injection, tests and internal state: listed in env.py's docstring only.
+INTERNAL = ("debug:", "fault injection:", "tests:", "internal:")
+
+
 def test_every_env_var_is_in_the_readme_table_and_vice_versa():
     rows = readme_env_rows()
     in_readme = {re.match(r"\| `(SGLANG_DFLASH_\w+)`", r).group(1) for r in rows}
-    declared = {v.name for v in env.ALL}
+    user = [v for v in env.ALL if not v.meaning.startswith(INTERNAL)]
+    declared = {v.name for v in user}
     assert in_readme == declared, f"README only: {in_readme - declared}; env.py only: {declared - in_readme}"
-    stale = [v.table_row() for v in env.ALL if v.table_row() not in rows]
-    hint = "README rows differ from env.py; paste `python -m sglang_dflash.env`:\n"
+    undocumented = [v.name for v in env.ALL if v.meaning.startswith(INTERNAL) and v.name not in env.__doc__]
+    assert not undocumented, f"list these in sglang_dflash/env.py's docstring: {undocumented}"
+    stale = [v.table_row() for v in user if v.table_row() not in rows]
+    hint = "README rows differ from env.py; paste these rows of `python -m sglang_dflash.env`:\n"
     assert not stale, hint + "\n".join(stale)
 
 
@@ -200,3 +208,16 @@ def test_cpu_server_flags_and_engine_kwargs_agree():
     for flag, value in server_flags().items():
         i = args.index(flag)
         assert value is None or args[i + 1] == value
+
+
+# ---- measured results ------------------------------------------------------------------------
+def test_results_page_and_headline_are_generated_from_the_rows():
+    """docs/results.md and the README's headline table are bench/results_page.py's output for the
+    rows in bench/results/ (a hand edit or a new row without regenerating fails here)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "bench/results_page.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stdout + r.stderr

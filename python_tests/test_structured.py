@@ -1,7 +1,10 @@
 """Structured outputs served under DFLASH (json_schema, regex, ebnf, structural_tag) through SGLang's
 grammar backend (xgrammar): float32 greedy outputs token-identical to plain decoding with the same
 grammar, in batches mixed with unconstrained requests; seeded sampled grammar requests reproducible
-alone and batched; valid JSON; a grammar that cannot compile gets a 4xx and the server keeps serving."""
+alone and batched; valid JSON; a grammar that cannot compile gets a 4xx and the server keeps serving.
+At the edges (EDGES): a grammar that terminates inside a verified block, with and without ignore_eos
+(plain decoding commits one more token after the grammar ends), a grammar with penalties and stop
+strings: the same tokens, text and finish reason as plain decoding, and the same logprobs."""
 
 import concurrent.futures as cf
 import json
@@ -34,12 +37,32 @@ GRAMMARS = [
     {},  # unconstrained requests share the batches
 ]
 CASES = [(p, g) for g in GRAMMARS for p in SAMPLES]
+SHORT = r"(yes|no)\."  # terminates after two or three tokens: inside the first verified block
+LOGPROBS = {"return_logprob": True, "top_logprobs_num": 3}
+EDGES = [
+    (p, g)
+    for p in SAMPLES[:2]
+    for g in [
+        {"json_schema": json.dumps(SCHEMA), "ignore_eos": True},
+        {"regex": REGEX, "ignore_eos": True},
+        {"regex": SHORT},
+        {"regex": SHORT, "ignore_eos": True},
+        {"ebnf": EBNF, "ignore_eos": True, "frequency_penalty": 0.6, "repetition_penalty": 1.3},
+        {"regex": REGEX, "stop": ["e"], "presence_penalty": 0.5},
+        {"json_schema": json.dumps(SCHEMA), "stop": ["blue"], "frequency_penalty": 0.4},
+    ]
+]
 
 
-def gen(srv, p, params, max_new_tokens=40):
+def gen(srv, p, params, max_new_tokens=40, **body):
     sp = {"max_new_tokens": max_new_tokens, "temperature": 0, **params}
-    r = requests.post(srv.url + "/generate", json={"input_ids": p, "sampling_params": sp}, timeout=600)
+    r = requests.post(srv.url + "/generate", json={"input_ids": p, "sampling_params": sp, **body}, timeout=600)
     return r.status_code, r.json()
+
+
+def edges(srv):
+    with cf.ThreadPoolExecutor(len(EDGES)) as ex:
+        return list(ex.map(lambda c: gen(srv, *c, **LOGPROBS)[1], EDGES))
 
 
 def seeded(i):
@@ -54,6 +77,7 @@ def served(pair):
     flags = ["--disable-overlap-schedule", "--constrained-json-disable-any-whitespace"]
     with launch(target, None, "float32", name="plain-grammar", extra=flags) as plain:
         want = [gen(plain, p, g)[1] for p, g in CASES]
+        want_edges = [gen(plain, p, g, **LOGPROBS)[1] for p, g in EDGES]
     with launch(target, drafter, "float32", name="dflash-grammar", extra=flags) as srv:
         with cf.ThreadPoolExecutor(len(CASES) + 4) as ex:
             got = list(ex.map(lambda c: gen(srv, *c)[1], CASES))
@@ -61,7 +85,10 @@ def served(pair):
         alone = [gen(srv, SAMPLES[i], seeded(i))[1] for i in range(4)]
         bad = gen(srv, SAMPLES[0], {"json_schema": "{not json"})
         after = gen(srv, SAMPLES[0], {"regex": REGEX})
-        yield dict(want=want, got=got, batched=batched, alone=alone, bad=bad, after=after)
+        got_edges = edges(srv)
+        yield dict(
+            want=want, got=got, batched=batched, alone=alone, bad=bad, after=after, edges=(want_edges, got_edges)
+        )
 
 
 @pytest.mark.server
@@ -92,3 +119,28 @@ def test_a_grammar_that_cannot_compile_is_a_4xx_and_the_server_keeps_serving(ser
     assert 400 <= status < 500, (status, body)
     status, body = served["after"]
     assert status == 200 and body["output_ids"], body
+
+
+@pytest.mark.server
+def test_grammar_edges_end_where_plain_decoding_ends(served):
+    """Same tokens, text and finish reason as plain decoding (each edge case, alone and batched)."""
+    want, got = served["edges"]
+    ended = 0
+    for (_, g), w, o in zip(EDGES, want, got):
+        assert o["output_ids"] == w["output_ids"], (g, w["text"], o["text"])
+        assert o["text"] == w["text"], g
+        assert o["meta_info"]["finish_reason"] == w["meta_info"]["finish_reason"], g
+        ended += w["meta_info"]["finish_reason"]["type"] == "stop" and len(w["output_ids"]) < 16
+    assert ended >= 4, "too few cases end inside the first block: the edge is not exercised"
+
+
+@pytest.mark.server
+def test_logprobs_under_grammars_and_penalties_equal_plain(served):
+    want, got = served["edges"]
+    for (_, g), w, o in zip(EDGES, want, got):
+        for key in ("output_token_logprobs", "output_top_logprobs"):
+            a, b = w["meta_info"][key], o["meta_info"][key]
+            assert len(a) == len(b), (g, key)
+            for x, y in zip(a, b):
+                x, y = (x, y) if key == "output_token_logprobs" else (x[0], y[0])
+                assert x[1] == y[1] and abs(x[0] - y[0]) < 1e-4, (g, key, x, y)

@@ -1,7 +1,26 @@
 """Every `SGLANG_DFLASH_*` environment variable: name, type, default, meaning. Read them only here.
 
-Each is read when `.get()` is called (tests set them at run time). The README's table is
-`python -m sglang_dflash.env`'s output; python_tests/test_single_sources.py checks the two agree.
+Each is read when `.get()` is called (tests set them at run time). `python -m sglang_dflash.env`
+prints the table of all of them. The README's table holds the user-facing ones (its rows are that
+output's rows); the debug, fault-injection, test and internal switches are listed here only:
+
+- SGLANG_DFLASH_DEBUG_DUMP_DIR: save each request's drafter context K/V after prefill to this folder.
+- SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY=N: every Nth draft step raises (the batch decodes undrafted).
+- SGLANG_DFLASH_DEBUG_FAIL_WARMUP=1: the drafter attention's start-up warm-up raises.
+- SGLANG_DFLASH_DEBUG_STEER=S: steer every loaded target toward the steered tiny drafter's token
+  (controlled acceptance on dummy weights; bench/checks/e2e_check.py).
+- SGLANG_DFLASH_DEBUG_BROKEN_RULE=RULE: serve with one deliberately broken sampling rule
+  (testing/broken_rules.py), so the served distribution tests show they can fail.
+- SGLANG_DFLASH_DEBUG_RANDOM_WIDTH=SEED: a random verify width every step (lossless under any widths).
+- SGLANG_DFLASH_DEBUG_WIDTH_CYCLE=16,1,1,16: widths cycled by the first request's verify count.
+- SGLANG_DFLASH_DEBUG_STEP_TRACE=PATH: one JSON line per decode step (bench/width_trace.py reads it).
+- SGLANG_DFLASH_TEST_CACHE, SGLANG_DFLASH_TEST_LOGS: where the tests cache tiny models and write
+  server logs.
+- SGLANG_DFLASH_TEST_BROKEN_RULES=1: test_sampled_rules.py also serves each broken sampling rule and
+  requires that the served test fails it (four more servers; its results are kept in docs/testing.md).
+- SGLANG_DFLASH_CPU_SHIMS_LOGGED: internal, set once the CPU `sgl_kernel` stand-in warning was shown.
+
+python_tests/test_single_sources.py checks the README rows and this list against the declarations.
 setup.py cannot import the package before it is built, so it reads BUILD_EXT and WERROR itself.
 """
 
@@ -130,7 +149,13 @@ DEBUG_STEER = EnvVar(
     float,
     None,
     "debug: steer every loaded target to propose the steered tiny drafter's token (value: strength; "
-    "controlled acceptance on dummy weights, bench/e2e_check.py)",
+    "controlled acceptance on dummy weights, bench/checks/e2e_check.py)",
+)
+DEBUG_BROKEN_RULE = EnvVar(
+    "SGLANG_DFLASH_DEBUG_BROKEN_RULE",
+    str,
+    None,
+    "tests: serve with one deliberately broken sampling rule (testing/broken_rules.py) to prove a test can fail",
 )
 DEBUG_RANDOM_WIDTH = EnvVar(
     "SGLANG_DFLASH_DEBUG_RANDOM_WIDTH",
@@ -158,6 +183,12 @@ TEST_CACHE = EnvVar(
     str,
     "/tmp/sglang_dflash_test_models",
     "tests: where generated tiny models and pairs are cached",
+)
+TEST_BROKEN_RULES = EnvVar(
+    "SGLANG_DFLASH_TEST_BROKEN_RULES",
+    bool,
+    False,
+    "tests: 1 also serves each deliberately broken sampling rule and requires the served test to fail it",
 )
 TEST_LOGS = EnvVar(
     "SGLANG_DFLASH_TEST_LOGS", str, "/tmp/sglang_dflash_logs", "tests: where the test servers' logs are written"

@@ -82,7 +82,7 @@ def main(argv=None):
     a = parse_args(argv)
     from tqdm import tqdm
 
-    from sglang_dflash.srt.cpu_shims import install_cpu_shims
+    from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
 
     install_cpu_shims()  # before sglang.Engine is touched (no-op where sgl_kernel loads)
     import sglang

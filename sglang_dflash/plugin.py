@@ -6,7 +6,8 @@ Registers, lazily and idempotently:
 - TARGET_VERIFY batches on the torch_native attention backend (it only knows EXTEND/DECODE);
 - CPU stand-ins for the sgl_kernel functions SGLang imports, when the real ones cannot load;
 - a request check that refuses sampling features our verify does not reproduce exactly yet;
-- CPU tensor parallelism (gloo groups without NCCL); a 400 for empty or out-of-vocabulary prompts.
+- CPU tensor parallelism (gloo groups without NCCL); a 400 for empty or out-of-vocabulary prompts;
+- where a grammar ends inside a verified run, the same tokens and finish as plain decoding.
 """
 
 _registered = False
@@ -19,8 +20,8 @@ def register():
     _registered = True
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_dflash.srt.cpu_shims import install_cpu_shims
-    from sglang_dflash.srt import fixes, hooks
+    from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
+    from sglang_dflash.srt import hooks, sglang_patches
 
     install_cpu_shims()
     HookRegistry.register(
@@ -37,7 +38,7 @@ def register():
     )
     HookRegistry.register(
         "sglang.srt.distributed.parallel_state.init_model_parallel_group",
-        fixes.init_model_parallel_group,
+        sglang_patches.init_model_parallel_group,
         HookType.AROUND,
     )
     HookRegistry.register(
@@ -45,16 +46,23 @@ def register():
         hooks.add_dflash_state,
         HookType.AROUND,
     )
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
+        "._accept_grammar_tokens",
+        hooks.accept_grammar_tokens,
+        HookType.AROUND,
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.schedule_batch.Req.update_finish_state", hooks.update_finish_state, HookType.AROUND
+    )
     from sglang_dflash import env
 
-    if env.DEBUG_STEER.get() is not None:
-        from sglang_dflash.srt.steer import steer_after_load
+    if env.DEBUG_STEER.get() is not None or env.DEBUG_BROKEN_RULE.get():  # test switches only
+        from sglang_dflash.testing.switches import register as register_test_switches
 
-        HookRegistry.register(
-            "sglang.srt.model_executor.model_runner.ModelRunner.load_model", steer_after_load, HookType.AFTER
-        )
+        register_test_switches(HookRegistry, HookType)
     HookRegistry.register(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
-        fixes.reject_bad_prompt,
+        sglang_patches.reject_bad_prompt,
         HookType.BEFORE,
     )

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 import torch
 
 from sglang_dflash.model.drafter import DFlashDrafter
-from sglang_dflash.model.path import best_path, sample_path
+from sglang_dflash.model.path_walk import best_path, sample_path
 from sglang_dflash.pipeline.noise import WALK, gumbel
 
 # attend(layer, q [N, H, D], k_blk [N, Hkv, D], v_blk [N, Hkv, D]) -> [N, H, D]; see attention.py
@@ -26,13 +26,35 @@ class Proposal:
     cand_ids: Optional[torch.Tensor] = None  # [bs, B-1, K] DFlash 2 candidates per proposal slot
     q: Optional[torch.Tensor] = None  # [bs, B-1, K] the distribution each sampled slot was drawn from
     q_rows: Optional[torch.Tensor] = None  # [bs] bool: rows drawn from q (verified by rejection); None: all
+    failed: Optional[torch.Tensor] = None  # [bs] bool: rows whose draft was not finite (bare block verified)
 
     def first(self, width: int) -> "Proposal":
         """The first `width` block rows (anchor + width-1 drafts): what a width-W step verifies."""
         if width >= self.tokens.shape[1]:
             return self
         cut = lambda t: None if t is None else t[:, : width - 1]  # noqa: E731
-        return Proposal(self.tokens[:, :width], cut(self.cand_ids), cut(self.q), self.q_rows)
+        return Proposal(self.tokens[:, :width], cut(self.cand_ids), cut(self.q), self.q_rows, self.failed)
+
+
+def finite_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [bs, ...] -> [bs] bool: every value of the row finite (no NaN, no inf)."""
+    return torch.isfinite(x).flatten(1).all(dim=1)
+
+
+def guard(proposal: Proposal, block_ids: torch.Tensor, ok: torch.Tensor) -> Proposal:
+    """A faulty drafter may slow a request down but never change a token: rows whose drafter output
+    or q is not finite (ok False) verify the bare block [anchor, MASK...] with no q, so their tokens
+    are the target's own samples (an argmax over NaN is still a valid index, and a NaN q would make
+    the rejection residual NaN and its draw arbitrary). block_ids [bs, B]; ok [bs] bool."""
+    if proposal.q is not None:
+        ok = ok & finite_rows(proposal.q)
+    bad = ~ok
+    width = proposal.tokens.shape[1]
+    tokens = torch.where(bad[:, None], block_ids[:, :width], proposal.tokens)
+    q_rows = None
+    if proposal.q is not None:
+        q_rows = ok if proposal.q_rows is None else proposal.q_rows & ok
+    return Proposal(tokens, proposal.cand_ids, proposal.q, q_rows, bad)
 
 
 @torch.inference_mode()
@@ -64,13 +86,15 @@ def propose(
     x = embed(block_ids.reshape(-1)).to(drafter.fc.weight.dtype)  # [bs*B, H]
     hidden = drafter(x, positions.reshape(-1), attend, block, keep).view(bs, keep, -1)
     slots = hidden[:, 1:, :]  # [bs, keep-1, H]
+    ok = finite_rows(slots)  # NaN / inf hidden rows (a broken checkpoint, half-precision overflow)
     logits = logits_fn(slots.reshape(bs * (keep - 1), -1)).view(bs, keep - 1, -1)  # [bs, keep-1, V]
     out = block_ids[:, :keep].clone()
     if selector is None:
         if sampled_slots and temperatures is not None and bool((temperatures > 0).any()):
-            return sample_drafts(out, logits, temperatures, sampled_slots, gumbel, drafter.to_target)
+            drafts = sample_drafts(out, logits, temperatures, sampled_slots, gumbel, drafter.to_target)
+            return guard(drafts, block_ids, ok)
         out[:, 1:] = drafter.to_target(logits.float().argmax(dim=-1))  # float32: ~4x faster on CPU, same ties
-        return Proposal(out)
+        return guard(Proposal(out), block_ids, ok)
     values, cand = selector.candidates(logits)  # [bs, B-1, K]
     cand = drafter.to_target(cand)
     edges = selector.edges(block_ids[:, 0], cand, values, slots)  # [bs, B-1, K, K]
@@ -80,7 +104,7 @@ def propose(
         sampled_idx, q = sample_path(edges, temperatures.clamp_min(1e-6), gumbel)
         idx = torch.where(rows[:, None], sampled_idx, idx)
     out[:, 1:] = cand.gather(2, idx[..., None]).squeeze(2)
-    return Proposal(out, cand, q, rows)
+    return guard(Proposal(out, cand, q, rows), block_ids, ok)
 
 
 DRAFT_TOP_K = 32  # a sampled DFlash 1 draft is drawn from the drafter's q over its top 32 tokens

@@ -27,7 +27,7 @@ from sglang_dflash.pipeline.noise import ACCEPT, RESIDUAL, TARGET, uniform
 
 @dataclass
 class SamplingRows:
-    """Per-request sampling parameters of a batch (filled from SGLang's batch by batch_sampling)."""
+    """Per-request sampling parameters of a batch (filled from SGLang's batch by srt/step_inputs.py)."""
 
     temperatures: torch.Tensor  # [bs] float32; 0 for greedy rows (incl. top_k == 1)
     top_ps: Optional[torch.Tensor] = None  # [bs]
@@ -35,6 +35,10 @@ class SamplingRows:
     min_ps: Optional[torch.Tensor] = None  # [bs]
     seeds: Optional[list] = None  # [bs] int or None: seeded rows draw keyed noise
     offsets: Optional[list] = None  # [bs] output position of block row 0
+    # SGLang's FlashInfer sampler, in a batch where some row uses min-p, renormalizes after top-k and
+    # cuts top-p on that (top_k_renorm_prob -> top_p_renorm_prob -> min-p); its other paths (and the
+    # torch sampler SGLang runs on CPU) cut top-k and top-p jointly on the unrenormalized mass.
+    top_k_first: bool = False
 
 
 def target_tokens(
@@ -76,7 +80,7 @@ def target_tokens(
             greedy[a:b] = lf.argmax(dim=-1)
         if not unit:  # in place unless .float() returned the caller's own tensor
             lf = lf.mul_(inv_t[a:b, None]) if lf.data_ptr() != chunk.data_ptr() else lf * inv_t[a:b, None]
-        probs = _filter(torch.softmax(lf, dim=-1), ks[a:b], _part(ps, a, b), _part(mps, a, b))
+        probs = _filter(torch.softmax(lf, dim=-1), ks[a:b], _part(ps, a, b), _part(mps, a, b), sampling.top_k_first)
         # Inverse CDF with one uniform per row: exact like multinomial; seeded rows bring their own.
         sampled[a:b] = draw(probs, u[a:b])
         if keep:
@@ -87,8 +91,11 @@ def target_tokens(
         rejected = _rejection(
             probs_all.view(bs, block, -1), sampled, proposal.tokens, proposal.cand_ids, proposal.q, seeds, offsets
         )
-        rows = proposal.q_rows
-        sampled = rejected if rows is None else torch.where(rows.reshape(-1, 1), rejected, sampled)
+        # A row whose q is not finite is never verified against it (its residual would be NaN and
+        # the draw arbitrary): sample-and-match keeps it exact whatever its draft tokens are.
+        rows = torch.isfinite(proposal.q).flatten(1).all(dim=1)
+        rows = rows if proposal.q_rows is None else rows & proposal.q_rows.reshape(-1)
+        sampled = torch.where(rows.reshape(-1, 1), rejected, sampled)
     return sampled if greedy is None else torch.where(is_greedy[:, None], greedy, sampled)
 
 
@@ -108,7 +115,7 @@ def _rejection(probs, sampled, draft, cand_ids, q, seeds, offsets):
     p_x, q_x = probs[:, :-1].gather(2, x).squeeze(2), q_dense.gather(2, x).squeeze(2)
     u = uniform(bs, block - 1, 1, seeds, offsets, ACCEPT, probs.device).squeeze(2)
     accept = (q_x > 0) & (u * q_x <= p_x)
-    residual = (probs[:, :-1] - q_dense).clamp_min(0)
+    residual = _residual(probs[:, :-1], q_dense)
     empty = residual.sum(-1, keepdim=True) <= 0  # p == q: never rejected in exact arithmetic
     residual = torch.where(empty, probs[:, :-1], residual)
     redraw = draw(residual.reshape(-1, vocab), uniform(bs, block - 1, 1, seeds, offsets, RESIDUAL, probs.device))
@@ -116,6 +123,11 @@ def _rejection(probs, sampled, draft, cand_ids, q, seeds, offsets):
     out = sampled.clone()
     out[:, :-1] = torch.where(accept, x.squeeze(2), redraw)
     return out
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Where a rejected draft is redrawn from: max(0, p - q), unnormalized (draw() normalizes)."""
+    return (p - q).clamp_min(0)
 
 
 def draw(weights: torch.Tensor, u: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
@@ -140,23 +152,25 @@ def draw(weights: torch.Tensor, u: torch.Tensor, chunk: int = 1024) -> torch.Ten
 _NUCLEUS_HEAD = 1024
 
 
-def _cut(out, rows, vals, cand, top_ks, top_ps, min_ps) -> None:
+def _cut(out, rows, vals, cand, top_ks, top_ps, min_ps, top_k_first=False) -> None:
     """out [N, V]: rows [n] replaced by their kept prefix. vals, cand [n, K]: each row's K most likely
-    tokens in descending order, K long enough to hold everything the row keeps."""
+    tokens in descending order, K long enough to hold everything the row keeps. top_k_first: top-p
+    is cut on the mass renormalized over the row's top-k (SamplingRows.top_k_first)."""
     if rows.numel() == 0:
         return
     keep = torch.ones_like(vals, dtype=torch.bool)
     if top_ks is not None:
         keep &= torch.arange(vals.shape[1], device=vals.device)[None, :] < top_ks[:, None]
     if top_ps is not None:
-        keep &= (vals.cumsum(-1) - vals) <= top_ps[rows, None]
+        scale = (vals * keep).sum(-1, keepdim=True) if top_k_first and top_ks is not None else 1.0
+        keep &= (vals.cumsum(-1) - vals) <= top_ps[rows, None] * scale
     if min_ps is not None:
         keep &= vals >= min_ps[rows, None] * vals[:, :1]
     keep[:, 0] = True
     out[rows] = torch.zeros_like(out[rows]).scatter_(1, cand, vals * keep)
 
 
-def _filter(probs: torch.Tensor, top_ks: torch.Tensor, top_ps, min_ps) -> torch.Tensor:
+def _filter(probs: torch.Tensor, top_ks: torch.Tensor, top_ps, min_ps, top_k_first: bool = False) -> torch.Tensor:
     """probs [N, V] -> renormalized probs with top-k / top-p / min-p applied per row.
 
     Each rule keeps a prefix of the row in descending order (top-p by the mass before a token, as
@@ -176,7 +190,7 @@ def _filter(probs: torch.Tensor, top_ks: torch.Tensor, top_ps, min_ps) -> torch.
     k_rows, p_rows = k_on.nonzero().squeeze(1), (p_on & ~k_on).nonzero().squeeze(1)
     if k_rows.numel():
         vals, cand = probs[k_rows].topk(int(top_ks[k_rows].max()), dim=-1)
-        _cut(out, k_rows, vals, cand, top_ks[k_rows], top_ps, min_ps)
+        _cut(out, k_rows, vals, cand, top_ks[k_rows], top_ps, min_ps, top_k_first)
     if p_rows.numel():  # the nucleus is nearly always inside the top 1024: sort the rest only
         vals, cand = probs[p_rows].topk(min(_NUCLEUS_HEAD, vocab), dim=-1)
         inside = vals.sum(-1) > top_ps[p_rows]  # the first token outside the head is cut

@@ -83,3 +83,39 @@ def add_dflash_state(original, self, state):
     stats = getattr(self.scheduler.draft_worker, "stats", None)
     if use_ours() and callable(stats):
         state["dflash"] = stats()
+
+
+def accept_grammar_tokens(original, self, req, tokens):
+    """Where a grammar ends, commit what plain decoding commits.
+
+    Plain decoding appends a token, checks the finish, then advances the grammar; so after the token
+    that terminates the grammar it still appends one more (unconstrained) token and finishes on it
+    (visible with ignore_eos, or when the terminating token is not a stop token of the request).
+    SGLang's speculative path advances the grammar over the whole run first and cuts the run at the
+    terminating token. For our worker's runs: keep the token after the terminating one; and when the
+    run ends on the terminating token, let this step's finish check not see the termination (the
+    next step commits that one token and finishes on it, as plain decoding does)."""
+    if isinstance(tokens, int) or not getattr(getattr(self, "draft_worker", None), "ends_grammar_like_plain", False):
+        return original(self, req, tokens)
+    if req.grammar.is_terminated():  # terminated by the last step's final token: one more, then finish
+        return list(tokens[:1])
+    kept = original(self, req, tokens)
+    if req.to_finish is None and req.grammar.is_terminated():
+        if len(kept) < len(tokens):
+            kept.append(tokens[len(kept)])
+        else:
+            req.dflash_grammar_ended_run = True
+    return kept
+
+
+def update_finish_state(original, self, new_accepted_len=1):
+    """See accept_grammar_tokens: a run that ended on the grammar's terminating token does not finish
+    on the termination in this step (every other finish rule still applies)."""
+    if not getattr(self, "dflash_grammar_ended_run", False):
+        return original(self, new_accepted_len)
+    self.dflash_grammar_ended_run = False
+    grammar, self.grammar = self.grammar, None
+    try:
+        return original(self, new_accepted_len)
+    finally:
+        self.grammar = grammar

@@ -5,7 +5,7 @@ sglang:dflash_draft_tokens_total           tokens proposed (B - 1 per block)
 sglang:dflash_accepted_tokens_total{position=j}  drafts accepted at block position j (1..B-1)
 sglang:dflash_accept_length                histogram of tokens committed per block (1..B, bonus included)
 sglang:dflash_{draft,verify,sample,kv_write}_seconds  per-step stage times
-sglang:dflash_draft_failures_total         draft steps that raised (that batch decoded without a draft)
+sglang:dflash_draft_failures_total         draft steps that raised or drafted NaN/inf (undrafted)
 sglang:dflash_verify_width                 histogram of the verify width chosen per step (1 = plain decode)
 sglang:dflash_expected_tokens_per_second{width=W}  the width controller's current estimate per width
 """

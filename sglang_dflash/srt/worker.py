@@ -16,31 +16,31 @@ import torch
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.runtime_context import get_spec
+from sglang.srt.runtime_context import get_exec, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
-from sglang_dflash.pipeline.accept import accept_block
-from sglang_dflash.srt.batch_sampling import limits, penalty_rows, sampled_flags, sampling_rows
-from sglang_dflash.pipeline.block import block_slots, build_block
-from sglang_dflash.model.config import check_against_target, load_drafter_config, resolve_block_size
-from sglang_dflash.pipeline.draft import Proposal, draft_sampling, propose
-from sglang_dflash.pipeline.context_kv import DraftKVCache
 from sglang_dflash import env
+from sglang_dflash.model.config import check_against_target, load_drafter_config, resolve_block_size
+from sglang_dflash.model.loader import load_drafter
+from sglang_dflash.model.mask_token import resolve_mask_token_id
+from sglang_dflash.pipeline.accept import accept_block
+from sglang_dflash.pipeline.attention_choice import block_attention, check_capture_layers, dump_context
+from sglang_dflash.pipeline.attention_choice import warm_up_block_attention
+from sglang_dflash.pipeline.block import block_slots, build_block
+from sglang_dflash.pipeline.context_kv import DraftKVCache, write_context
+from sglang_dflash.pipeline.draft import Proposal, draft_sampling, propose
+from sglang_dflash.pipeline.grammar_mask import apply_masks, chain_masks
+from sglang_dflash.pipeline.penalties import apply_penalties
+from sglang_dflash.pipeline.target_sampling import target_tokens
 from sglang_dflash.srt import metrics as dflash_metrics
-from sglang_dflash.srt.metrics import StageClock
 from sglang_dflash.srt.draft_head import DraftHead
+from sglang_dflash.srt.metrics import StageClock
+from sglang_dflash.srt.seeded_prefill import PreSampleLogits, reseed_first_tokens
+from sglang_dflash.srt.step_inputs import StepInputs, sampling_rows
 from sglang_dflash.srt.step_profile import make_controller
 from sglang_dflash.srt.verify_backend import verify_forward
-from sglang_dflash.srt.seeded_prefill import PreSampleLogits, reseed_first_tokens
-from sglang_dflash.srt.target_model import block_attention, check_capture_layers, dump_context, warm_up_block_attention
-from sglang_dflash.model.loader import load_drafter
-from sglang_dflash.pipeline.context_kv import write_context
-from sglang_dflash.model.mask_token import resolve_mask_token_id
-from sglang_dflash.pipeline.penalties import apply_penalties
-from sglang_dflash.pipeline.grammar_mask import apply_masks, chain_masks
-from sglang_dflash.pipeline.target_sampling import target_tokens
 
 logger = logging.getLogger("sglang_dflash")
 
@@ -52,6 +52,8 @@ PROPOSAL = env.PROPOSAL.get()  # DFlash 1 drafts for unseeded sampled rows (env.
 
 
 class DFlashWorker(BaseSpecWorker):
+    ends_grammar_like_plain = True  # hooks.accept_grammar_tokens: grammar ends commit as plain decoding does
+
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__()
         self.server_args = server_args
@@ -74,6 +76,7 @@ class DFlashWorker(BaseSpecWorker):
         self.draft_head = DraftHead(runner.model.lm_head, self.drafter, self.vocab_size)
         self.draft_kv = None
         self.device_type = torch.device(self.device).type
+        self.flashinfer_sampler = get_exec().kernel.sampling_backend in ("flashinfer", "intel_xpu")
         self.metrics = dflash_metrics.create(self.block_size)
         self.draft_steps = self.draft_failures = 0
         self.width = None  # the verify-width controller, made at start-up's end (init_cuda_graphs)
@@ -81,17 +84,12 @@ class DFlashWorker(BaseSpecWorker):
         trace = env.DEBUG_STEP_TRACE.get()
         self.trace = dflash_metrics.StepTrace(trace) if trace else None
         self.pre_sample = PreSampleLogits(runner.sampler)  # seeded prefill rows: see seeded_prefill.py
+        kind = f"DFlash 2 ({self.cfg.dflash2})" if self.cfg.dflash2 else "DFlash 1"
         logger.info(
-            "DFLASH served by sglang_dflash (ours): block_size=%d (drafter trained %d), "
-            "drafter layers=%d, target_layer_ids=%s, mask_token_id=%d, dtype=%s, device=%s, %s",
-            self.block_size,
-            self.cfg.block_size,
-            self.cfg.num_layers,
-            self.cfg.target_layer_ids,
-            self.mask_token_id,
-            runner.dtype,
-            self.device,
-            "DFlash 2 (%s)" % self.cfg.dflash2 if self.cfg.dflash2 else "DFlash 1",
+            f"DFLASH served by sglang_dflash (ours): block_size={self.block_size} (drafter trained "
+            f"{self.cfg.block_size}), drafter layers={self.cfg.num_layers}, target_layer_ids="
+            f"{self.cfg.target_layer_ids}, mask_token_id={self.mask_token_id}, dtype={runner.dtype}, "
+            f"device={self.device}, {kind}"
         )
 
     # ---- SGLang worker interface -------------------------------------------------------------
@@ -106,13 +104,9 @@ class DFlashWorker(BaseSpecWorker):
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
         num_slots = int(self.model_runner.token_to_kv_pool.get_key_buffer(0).shape[0])
+        c = self.cfg
         self.draft_kv = DraftKVCache(
-            self.cfg.num_layers,
-            num_slots,
-            self.cfg.num_kv_heads,
-            self.cfg.head_dim,
-            self.model_runner.dtype,
-            str(self.device),
+            c.num_layers, num_slots, c.num_kv_heads, c.head_dim, self.model_runner.dtype, str(self.device)
         )
 
     def init_attention_backends(self):
@@ -154,7 +148,7 @@ class DFlashWorker(BaseSpecWorker):
 
     def _prefill(self, batch, on_publish):
         self._step_cost = None  # a prefill runs between: the gap is not the last decode step's
-        sampling = sampling_rows(batch)
+        sampling = sampling_rows(batch, self.flashinfer_sampler)
         seeded = sampling is not None and any(s is not None for s in sampling.seeds)
         self.pre_sample.armed = seeded
         try:
@@ -180,12 +174,14 @@ class DFlashWorker(BaseSpecWorker):
         out.next_draft_input = make_draft_input_v2(bonus_tokens=out.next_token_ids, new_seq_lens=batch.seq_lens)
         return out
 
-    def draft(self, batch, prefix, slots, block_ids, positions, sampling, width=None) -> Proposal:
+    def draft(self, req_pool_indices, prefix, slots, block_ids, positions, sampling, width=None) -> Proposal:
         """One drafter forward over the whole block -> proposals for its first `width` rows (default
         B). slots [bs*B]; block_ids, positions [bs, B]."""
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         cuda = self.device_type == "cuda"
-        attend = block_attention(self.cfg, self.block_size, cuda, self.draft_kv, req_to_token, batch, prefix, slots)
+        attend = block_attention(
+            self.cfg, self.block_size, cuda, self.draft_kv, req_to_token, req_pool_indices, prefix, slots
+        )
         sel = self.drafter.selector
         k = None if sel is None else min(sel.top_k, self.vocab_size)
         temps, noise, from_q = draft_sampling(sampling, k, self.block_size, PROPOSAL, block_ids.device)
@@ -194,50 +190,53 @@ class DFlashWorker(BaseSpecWorker):
             self.drafter, attend, embed, self.draft_head, block_ids, positions, temps, noise, width, from_q
         ).first(width or self.block_size)
 
-    def _safe_draft(self, batch, prefix, slots, block_ids, positions, sampling, width) -> Proposal:
+    def _safe_draft(self, req_pool_indices, prefix, slots, block_ids, positions, sampling, width) -> Proposal:
         """Draft the block; if the drafter fails, verify the bare block [anchor, MASK...] instead:
         this batch decodes one token per request (output stays exact) and the server keeps going."""
         self.draft_steps += 1
         try:
             if DEBUG_FAIL_DRAFT_EVERY and self.draft_steps % DEBUG_FAIL_DRAFT_EVERY == 0:
                 raise RuntimeError("injected drafter failure (SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY)")
-            return self.draft(batch, prefix, slots, block_ids, positions, sampling, width)
+            return self.draft(req_pool_indices, prefix, slots, block_ids, positions, sampling, width)
         except Exception as e:  # noqa: BLE001 - any drafter fault degrades to plain decoding
-            self.draft_failures += 1
-            if self.metrics is not None:
-                self.metrics.draft_failures.inc()
+            self._draft_failed(f"{type(e).__name__}: {e}", len(prefix))
+            return Proposal(block_ids[:, :width])
+
+    def _draft_failed(self, why: str, rows: int) -> None:
+        self.draft_failures += 1
+        if self.metrics is not None:
+            self.metrics.draft_failures.inc()
+        if self.draft_failures & (self.draft_failures - 1) == 0:  # 1st, 2nd, 4th, 8th...: the log stays short
             logger.warning(
-                "DFLASH draft step failed (%s: %s); this batch of %d decodes without a draft "
+                "DFLASH draft step failed (%s); %d request(s) of this batch decode without a draft "
                 "(output stays exact). Failures so far: %d",
-                type(e).__name__,
-                e,
-                len(batch.reqs),
+                why,
+                rows,
                 self.draft_failures,
             )
-            return Proposal(block_ids[:, :width])
 
     def _decode(self, batch, on_publish):
         B = self.block_size
-        prefix = batch.seq_lens  # [bs]
+        inp = StepInputs.from_batch(batch, self.vocab_size, self.device, self.flashinfer_sampler)
+        prefix, sampling, req_rows = inp.prefix, inp.sampling, inp.req_rows  # prefix [bs]
         all_in = None
         if self._step_cost is not None:  # the last step's cost, all in: its stages + the scheduler until now
             bs, width, stages, end = self._step_cost
             all_in = stages + time.perf_counter() - end
             self.width.observe_cost(bs, width, all_in)
-        sampling = sampling_rows(batch)
-        sampled = sampled_flags(batch)  # [bs] host bools: acceptance statistics per kind
-        req_rows = [(r.rid, s) for r, s in zip(batch.reqs, sampled)]  # acceptance is kept per request too
-        W = self.width.choose(len(sampled), sum(sampled), batch.reqs[0].spec_verify_ct, req_rows)
-        block_ids, positions = build_block(batch.spec_info.bonus_tokens, prefix, B, self.mask_token_id)  # [bs, B]
+        W = self.width.choose(len(inp.sampled), sum(inp.sampled), inp.verify_ct, req_rows)
+        block_ids, positions = build_block(inp.anchors, prefix, B, self.mask_token_id)  # [bs, B]
         slots = block_slots(
-            self.model_runner.req_to_token_pool.req_to_token, batch.req_pool_indices, prefix, B
+            self.model_runner.req_to_token_pool.req_to_token, inp.req_pool_indices, prefix, B
         )  # [bs, B] KV slot ids of the block (target and drafter share them)
         clock = StageClock(self.device_type)
 
         # 1) draft: one non-causal drafter forward proposes the whole block (trained size B); the
         #    step verifies its first W rows. W = 1 is a plain decode step: no draft forward at all.
         if W > 1:
-            proposal = self._safe_draft(batch, prefix, slots.reshape(-1), block_ids, positions, sampling, W)
+            proposal = self._safe_draft(
+                inp.req_pool_indices, prefix, slots.reshape(-1), block_ids, positions, sampling, W
+            )
         else:
             proposal = Proposal(block_ids[:, :1])
         positions, slots = positions[:, :W], slots[:, :W]
@@ -248,16 +247,14 @@ class DFlashWorker(BaseSpecWorker):
         logits_output = verify_forward(self._target_worker, batch, proposal.tokens, positions, slots)
         logits = logits_output.next_token_logits  # [bs*W, V]
         clock.mark("verify")
-        penalties = penalty_rows(batch, self.vocab_size, self.device)
-        if penalties is not None:  # in place, as plain decoding does (logprobs see them too)
-            logits.copy_(apply_penalties(logits, proposal.tokens, penalties).to(logits.dtype))
-        if batch.has_grammar:  # structured outputs: each row masked with the grammar along the chain
-            grammars = [r.grammar for r in batch.reqs]
-            apply_masks(grammars, logits, chain_masks(grammars, proposal.tokens, self.vocab_size))
+        if inp.penalties is not None:  # in place, as plain decoding does (logprobs see them too)
+            logits.copy_(apply_penalties(logits, proposal.tokens, inp.penalties).to(logits.dtype))
+        if inp.grammars is not None:  # structured outputs: each row masked with the grammar along the chain
+            apply_masks(inp.grammars, logits, chain_masks(inp.grammars, proposal.tokens, self.vocab_size))
         tokens = target_tokens(logits, W, sampling, proposal)  # [bs, W]
-        acc = accept_block(proposal.tokens, tokens, prefix, *limits(batch, self.device))
+        acc = accept_block(proposal.tokens, tokens, prefix, inp.budget, inp.stop_ids)
         new_seq_lens = acc.new_seq_lens.to(prefix.dtype)
-        if batch.return_logprob:  # SGLang's own spec-logprob gather over the chain layout
+        if inp.return_logprob:  # SGLang's own spec-logprob gather over the chain layout
             compute_spec_logprobs(batch, logits_output, acc.out_tokens.clamp(min=0).reshape(-1), chain_stride=W)
         if on_publish is not None:
             on_publish(new_seq_lens)
@@ -278,7 +275,11 @@ class DFlashWorker(BaseSpecWorker):
         clock.mark("kv_write")
 
         seconds = clock.seconds()  # waits for the step's last stage, so the one copy below waits for nothing
-        accepted, commits = torch.stack([acc.accept_lens, acc.commit_lens]).tolist()  # [bs] each, one copy
+        failed = proposal.failed if proposal.failed is not None else torch.zeros_like(acc.accept_lens)
+        host = torch.stack([acc.accept_lens, acc.commit_lens, failed.to(acc.accept_lens.dtype)]).tolist()
+        accepted, commits = host[0], host[1]  # [bs] each, one copy
+        if any(host[2]):
+            self._draft_failed("drafter output not finite (NaN or inf)", sum(host[2]))
         self.width.observe_rows(W, req_rows, accepted)
         self._step_cost = (len(accepted), W, sum(seconds.values()), time.perf_counter())
         if self.metrics is not None:

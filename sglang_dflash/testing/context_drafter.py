@@ -95,9 +95,9 @@ class Reference:
 
 
 def load_reference(target_path: str, drafter_path: str) -> Reference:
-    from sglang_dflash.train.export import load_exported
+    from sglang_dflash.model.checkpoint import load_exported
     from sglang_dflash.train.features import load_target
-    from sglang_dflash.train.trainer import load_target_tensor
+    from sglang_dflash.train.target_files import load_target_tensor
 
     drafter, cfg, mask = load_exported(drafter_path, target_path, torch.float32)
     embed = load_target_tensor(target_path, ("model.embed_tokens.weight",)).float()

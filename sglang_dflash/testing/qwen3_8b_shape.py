@@ -1,6 +1,6 @@
 """A Qwen3-8B-shaped target config (weights loaded with --load-format dummy) and a random 5-layer
 steered drafter for it (always proposes STEER_TOKEN): the GPU end-to-end check's models
-(bench/e2e_check.py). Its acceptance is controlled by SGLANG_DFLASH_DEBUG_STEER (srt/steer.py):
+(bench/checks/e2e_check.py). Its acceptance is controlled by SGLANG_DFLASH_DEBUG_STEER (testing/steer.py):
 unset, tau ~ 1; set, every draft is accepted. Nothing is downloaded."""
 
 from __future__ import annotations

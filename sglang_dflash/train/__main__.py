@@ -1,6 +1,6 @@
 """Train our own DFlash drafter for the embedded SmolLM2 target, each stage resumable.
 
-python -m sglang_dflash.train all --workdir /work/train_run --deadline 14:40
+python -m sglang_dflash.train all --workdir WORKDIR --deadline 14:40
 python -m sglang_dflash.train {corpus,datagen,features,train,export} --workdir W [...]
 python -m sglang_dflash.train cut --drafter DIR --workdir W --out DIR2   (reduced draft vocabulary)
 python -m sglang_dflash.train mix --drafter PARENT --init-from CHILD --mix-weight 0.7 --out DIR2
@@ -42,7 +42,7 @@ def parse_deadline(s: str | None, now: dt.datetime | None = None) -> float | Non
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("stage", choices=["all", "corpus", "datagen", "features", "train", "export", "cut", "mix"])
-    ap.add_argument("--workdir", default="/work/train_run")
+    ap.add_argument("--workdir", default="train_run")
     ap.add_argument("--model", default=None, help="target HF folder (default: the embedded SmolLM2)")
     ap.add_argument("--deadline", default=None, help="HH:MM UTC (the next one to come); every stage respects it")
     ap.add_argument("--n", type=int, default=3000, help="prompts to generate answers for")
@@ -180,26 +180,28 @@ def main(argv=None):
 
         stop = deadline - a.export_margin_minutes * 60 if deadline else None
         trainer.run(
-            a.workdir,
-            a.model,
-            num_layers=a.num_layers,
-            block_size=a.block_size,
-            steps=a.steps,
-            lr=a.lr,
-            anchors=a.anchors,
-            seqs=a.seqs,
-            ckpt_minutes=a.ckpt_minutes,
-            deadline=stop,
-            negatives=a.negatives,
-            gamma=a.gamma,
-            draft_vocab=a.draft_vocab,
-            resume=a.resume or a.stage == "all",
-            command=cmd,
-            no_text=a.no_text,
-            init_from=a.init_from,
-            extra_features=a.extra_features,
-            warmup=a.warmup_steps,
-            keep_draft_vocab=a.keep_draft_vocab,
+            trainer.TrainConfig(
+                a.workdir,
+                a.model,
+                num_layers=a.num_layers,
+                block_size=a.block_size,
+                steps=a.steps,
+                lr=a.lr,
+                anchors=a.anchors,
+                seqs=a.seqs,
+                ckpt_minutes=a.ckpt_minutes,
+                deadline=stop,
+                negatives=a.negatives,
+                gamma=a.gamma,
+                draft_vocab=a.draft_vocab,
+                resume=a.resume or a.stage == "all",
+                command=cmd,
+                no_text=a.no_text,
+                init_from=a.init_from,
+                extra_features=a.extra_features,
+                warmup=a.warmup_steps,
+                keep_draft_vocab=a.keep_draft_vocab,
+            )
         )
     if a.stage in ("all", "export"):
         from sglang_dflash.train import export

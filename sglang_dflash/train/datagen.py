@@ -48,7 +48,7 @@ def shard_prompts(
 def make_engine(model: str, dtype: str, max_total_tokens: int):
     import torch
 
-    from sglang_dflash.srt.cpu_shims import install_cpu_shims
+    from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
 
     install_cpu_shims()  # before sglang.Engine imports sgl_kernel
     import sglang

@@ -13,34 +13,8 @@ import os
 import sys
 
 import torch
-from safetensors.torch import save_file
 
-
-def write_checkpoint(out: str, config: dict, state: dict[str, torch.Tensor]) -> str:
-    """config: z-lab config dict; state: DFlashDrafter state dict -> OUT folder (bf16 weights)."""
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump({**config, "torch_dtype": "bfloat16"}, f, indent=1)
-    save_file(
-        {k: (v if k == "d2t" else v.detach().to(torch.bfloat16)).contiguous() for k, v in state.items()},
-        os.path.join(out, "model.safetensors"),
-    )
-    os.chmod(os.path.join(out, "model.safetensors"), 0o644)
-    return out
-
-
-def load_exported(out: str, model: str, dtype=torch.bfloat16):
-    """The exported folder through the server's own loader and start-up checks."""
-    from sglang_dflash.model.config import check_against_target, load_drafter_config
-    from sglang_dflash.model.loader import load_drafter
-    from sglang_dflash.model.mask_token import resolve_mask_token_id
-
-    with open(os.path.join(model, "config.json")) as f:
-        t = json.load(f)
-    cfg = load_drafter_config(out, t["num_hidden_layers"])
-    check_against_target(cfg, hidden_size=t["hidden_size"], vocab_size=t["vocab_size"])
-    mask = resolve_mask_token_id(cfg, model, t["vocab_size"])
-    return load_drafter(out, cfg, dtype, "cpu"), cfg, mask
+from sglang_dflash.model.checkpoint import load_exported, write_checkpoint
 
 
 def data_stats(workdir: str) -> dict:
@@ -75,18 +49,6 @@ def data_stats(workdir: str) -> dict:
 def extra_text(summ: dict) -> str:
     n = summ.get("train_seqs_by_workdir", {})
     return "; ".join(f"`{w}` ({n.get(w, 0)} sequences)" for w in summ["extra_features"])
-
-
-def cut_text(rows: list[dict], n_vocab: int | None) -> str:
-    if not rows:
-        return f"{n_vocab or 'all'} tokens (not measured against other sizes in this run)."
-    parts = [f"{r['draft_vocab']} tokens: {r['walk_tau_128']:.3f} (label coverage {r['coverage']:.4f})" for r in rows]
-    kept = f"{n_vocab} kept" if n_vocab else "the full head kept"
-    return (
-        "the trained weights' held-out walk tau (first 128 tokens) with the argmax over the N most "
-        f"frequent training labels, {'; '.join(parts)}; the smallest N within 1% of the full head and "
-        f"covering >= 99% of the labels: {kept}."
-    )
 
 
 def plot_curve(history: list[dict], path: str) -> None:
@@ -153,7 +115,7 @@ answers, against labelled block tokens trained on): {history}
 ## Reproduce
 The whole pipeline, each stage resumable (corpus + datagen -> features -> train -> export):
 ```
-python -m sglang_dflash.train all --workdir /work/train_run --deadline HH:MM
+python -m sglang_dflash.train all --workdir WORKDIR --deadline HH:MM
 ```
 The command of this run:
 ```
@@ -183,9 +145,10 @@ def run(
     the full head, N > 0 cuts to the N most frequent labels (a drafter trained reduced keeps its own)."""
     from sglang_dflash.model.draft_vocab import d2t_from_ids, ids_from_d2t
     from sglang_dflash.train import vocab_cut
+    from sglang_dflash.train.vocab_cut import cut_text
     from sglang_dflash.train.blocks import eval_tau, sample_anchors, walk_tau
     from sglang_dflash.train.features import load_seqs
-    from sglang_dflash.train.trainer import load_embedding
+    from sglang_dflash.train.target_files import load_embedding
 
     ck = torch.load(os.path.join(workdir, "ckpt", "best.pt"), weights_only=False)
     cfg, state = dict(ck["config"]), dict(ck["model"])

@@ -1,6 +1,6 @@
 """Weight interpolation of two drafters of one warm-start chain (WiSE-FT): (1 - w) x parent + w x child.
 
-A warm start trained on a narrow mix (session 13: templated answers only) gains on its own held-out
+A warm start trained on a narrow mix (e.g. templated answers only) gains on its own held-out
 split and loses on prompts unlike it; the parent and the child share their init and shapes, so the
 straight line between them keeps most of the child's gain at the parent's generality. Tensors are
 mixed in float32 and stored as the child's dtype; the draft vocabulary must be the same (d2t is

@@ -1,0 +1,52 @@
+"""GPU check: our sampling filter against FlashInfer's own sampling kernels, in the order SGLang's
+FlashInfer backend calls them (layers/sampler.py, Sampler._sample_from_probs):
+- a batch with min-p: top_k_renorm_prob -> top_p_renorm_prob (top-p cut after the top-k
+  renormalization) -> min-p: compared exactly with our filter in that order (top_k_first);
+- a batch without min-p: top_k_top_p_sampling_from_probs(filter_apply_order="joint"): compared with
+  our joint filter by drawing, every draw inside our support, total variation small.
+On CPU (no FlashInfer) it returns nothing: the CPU twin is python_tests/test_sampling_filter.py."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_dflash.pipeline.target_sampling import _filter
+
+
+def _rows(dev, n=64, vocab=4096, seed=3):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    probs = torch.softmax(torch.randn(n, vocab, generator=g) * 3, dim=-1).to(dev)
+    ks = torch.randint(1, 200, (n,), generator=g).to(dev)
+    ps = (0.3 + 0.7 * torch.rand(n, generator=g)).to(dev)
+    return probs, ks, ps
+
+
+def check_sampling_order(dev) -> list[dict]:
+    if dev != "cuda":
+        return []
+    import flashinfer.sampling as fs
+
+    probs, ks, ps = _rows(dev)
+    want = fs.top_p_renorm_prob(fs.top_k_renorm_prob(probs, ks.int()), ps)
+    ours = _filter(probs, ks, ps, None, top_k_first=True)
+    renorm_err = (ours - want).abs().max().item()
+    draws = 20000
+    n = probs.shape[0]
+    rep = lambda t: t.repeat_interleave(draws)  # noqa: E731
+    got = fs.top_k_top_p_sampling_from_probs(
+        probs.repeat_interleave(draws, 0), rep(ks.int()), rep(ps), filter_apply_order="joint"
+    ).view(n, draws)
+    joint = _filter(probs, ks, ps, None)
+    seen = torch.zeros_like(joint).scatter_add_(1, got.long(), torch.ones_like(got, dtype=joint.dtype)) / draws
+    outside = int(((seen > 0) & (joint <= 0)).sum())
+    tv = 0.5 * (seen - joint).abs().sum(-1).max().item()
+    return [
+        {"op": "sampling_order", "order": "top_k_first (min-p batch)", "max_err": renorm_err, "ok": renorm_err < 1e-5},
+        {
+            "op": "sampling_order",
+            "order": "joint",
+            "outside_support": outside,
+            "max_tv": tv,
+            "ok": outside == 0 and tv < 0.03,
+        },
+    ]

@@ -1,0 +1,36 @@
+"""Chi-square helpers for sampled-token tests (shared by the served distribution tests)."""
+
+import numpy as np
+from scipy.stats import chi2_contingency
+
+
+def homogeneity_p(a, b):
+    """Two samples of token ids -> chi-square p-value that they share one distribution (tokens with
+    fewer than 10 draws in all pooled into one cell, so expected counts stay large). A pooled cell
+    can hide a few tokens outside the distribution's support: the callers check every token of b
+    that a never drew against the support itself (unseen)."""
+    keys = sorted(set(a) | set(b))
+    table = np.array([[a.count(k) for k in keys], [b.count(k) for k in keys]], dtype=float)
+    big = table.sum(0) >= 10
+    table = np.concatenate([table[:, big], table[:, ~big].sum(1, keepdims=True)], 1)
+    table = table[:, table.sum(0) > 0]
+    return chi2_contingency(table).pvalue
+
+
+def unseen(a, b):
+    """Indices i of sample b whose token a never drew (the tokens a pooled cell could hide)."""
+    seen = set(a)
+    return [i for i, t in enumerate(b) if t not in seen]
+
+
+def in_support(top_logprobs, token, top_k=-1, top_p=1.0, min_p=0.0) -> bool:
+    """top_logprobs: the plain server's [(logprob, token_id, _), ...] over the whole vocabulary at one
+    position (temperature applied, descending) -> whether SGLang's sampler can draw `token` there."""
+    probs = np.exp([lp for lp, _, _ in top_logprobs])
+    ids = [t for _, t, _ in top_logprobs]
+    keep = np.ones(len(ids), dtype=bool)
+    if top_k > 0:
+        keep &= np.arange(len(ids)) < top_k
+    keep &= (np.cumsum(probs) - probs) <= top_p + 1e-6
+    keep &= probs >= min_p * probs[0] - 1e-9
+    return token in {t for t, k in zip(ids, keep) if k}

@@ -1,0 +1,135 @@
+"""Unseeded sampled requests through real servers: every DFlash 1 proposal rule draws what plain
+decoding draws, at the positions accepted drafts decide.
+
+N unseeded requests per setting (top-k at T=1, min-p at T=0.5), 8 new tokens each, to a plain server and to DFLASH
+servers under each proposal rule (`qall` with a reduced draft vocabulary (d2t), `q1`, `argmax`) with
+the width pinned to the block, and with the width pinned to 1. The `flat` drafter
+(testing/broken_drafter.flat_drafter) spreads q out (top-32 mass ~0.6 at T=1), so every broken rule
+changes what is drawn. Output positions 1..4 (after the
+prefill's token: verify-step draws, many of them accepted drafts) are compared with the plain
+server's own draws by a chi-square test of homogeneity (chi2.py); every DFLASH token the plain
+server never drew at that position (the tokens a pooled sparse cell could hide) is checked against
+the plain server's own support at its prefix (its logprobs over the whole vocabulary). With
+SGLANG_DFLASH_TEST_BROKEN_RULES=1 the same test runs against servers with each deliberately broken
+rule (testing/broken_rules.py) and requires that each fails it.
+"""
+
+import concurrent.futures as cf
+
+import pytest
+from chi2 import homogeneity_p, in_support, unseen
+
+from sglang_dflash import env as dflash_env
+from sglang_dflash.testing.broken_rules import RULES
+from sglang_dflash.testing.servers import launch, prompts
+
+PROMPT = prompts(6, seed=3, max_len=40)[2]
+VOCAB = 384  # the tiny target's vocabulary
+N, NEW, POSITIONS = 600, 8, (1, 2, 3, 4)
+SETTINGS = {"t1-topk": {"temperature": 1.0, "top_k": 24}, "t05-minp": {"temperature": 0.5, "min_p": 0.02}}
+SERVERS = {  # name -> (proposal rule, drafter, pinned width)
+    "qall-d2t-w16": ("qall", "d2t", 16),  # steered, reduced draft vocabulary
+    "qall-flat-w16": ("qall", "flat", 16),  # a spread-out q: truncation and temperature matter
+    "q1-flat-w16": ("q1", "flat", 16),
+    "argmax-w16": ("argmax", "steered", 16),
+    "w1": ("qall", "steered", 1),
+}
+MIN_P = 1e-4  # 8 settings x positions per server: a correct sampler passes all with probability > 0.99
+BROKEN = dflash_env.TEST_BROKEN_RULES.get()
+
+
+def draws(srv, params):
+    """[N] outputs of NEW tokens each, unseeded, sent 32 at a time."""
+    body = {"ignore_eos": True, **params}
+    with cf.ThreadPoolExecutor(32) as ex:
+        outs = list(ex.map(lambda _: srv.generate(PROMPT, NEW, **body), range(N)))
+    return outs
+
+
+def run(srv):
+    got = {}
+    for name, sp in SETTINGS.items():
+        outs = draws(srv, sp)
+        got[name] = {pos: [o["output_ids"][pos] for o in outs] for pos in POSITIONS}
+        got[name]["outs"] = [o["output_ids"] for o in outs]
+        verify = sum(o["meta_info"].get("spec_verify_ct", 0) for o in outs)  # 0 on the plain server
+        got[name]["tau"] = sum(o["meta_info"]["completion_tokens"] for o in outs) / max(1, verify)
+    return got
+
+
+def outside_support(plain, ref, got):
+    """(setting, position, token) of every DFLASH token that the plain server never drew there and
+    that its sampler cannot draw at that prefix."""
+    bad = []
+    for name, sp in SETTINGS.items():
+        for pos in POSITIONS:
+            for i in unseen(ref[name][pos], got[name][pos]):
+                out = got[name]["outs"][i]
+                body = {
+                    "input_ids": PROMPT + out[:pos],
+                    "return_logprob": True,
+                    "top_logprobs_num": VOCAB,
+                    "sampling_params": {"max_new_tokens": 1, "temperature": sp["temperature"]},
+                }
+                tops = plain.post("/generate", body).json()["meta_info"]["output_top_logprobs"][0]
+                filters = {k: v for k, v in sp.items() if k in ("top_k", "top_p", "min_p")}
+                if not in_support(tops, out[pos], **filters):
+                    bad.append((name, pos, out[pos]))
+    return bad
+
+
+def launch_rule(target, drafter, rule, width, broken=None, name=""):
+    env = {"SGLANG_DFLASH_PROPOSAL": rule, "SGLANG_DFLASH_WIDTH": str(width)}
+    if broken:
+        env["SGLANG_DFLASH_DEBUG_BROKEN_RULE"] = broken
+    return launch(target, drafter, "float32", env=env, name=name)
+
+
+@pytest.fixture(scope="module")
+def served(pair):
+    """Every DFLASH server's draws, then the plain server's draws and its support checks."""
+    from sglang_dflash.testing.pairs import MIXED, ROOT
+
+    from sglang_dflash.testing.broken_drafter import flat_drafter
+
+    target, reduced = pair("llama", "float32", MIXED["llama"], draft_vocab=96)
+    _, steered = pair("llama", "float32", MIXED["llama"])
+    drafters = {"d2t": reduced, "steered": steered, "flat": flat_drafter(steered, ROOT)}
+    got = {}
+    for name, (rule, drafter, width) in SERVERS.items():
+        with launch_rule(target, drafters[drafter], rule, width, name=f"dflash-{name}") as srv:
+            got[name] = run(srv)
+    with launch(target, None, "float32", name="plain-sampled-rules") as plain:
+        ref = run(plain)
+        outside = {name: outside_support(plain, ref, g) for name, g in got.items()}
+    return target, drafters["flat"], ref, got, outside
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("name", list(SERVERS))
+def test_sampled_tokens_match_plain_server_draws(served, name):
+    _, _, ref, all_got, outside = served
+    got = all_got[name]
+    assert not outside[name], f"{name}: tokens outside the target's support (setting, position, token)"
+    bad = []
+    for setting in SETTINGS:
+        for pos in POSITIONS:
+            p = homogeneity_p(ref[setting][pos], got[setting][pos])
+            print(f"{name} {setting} position {pos}: p={p:.3g} (tau {got[setting]['tau']:.2f})")
+            if p <= MIN_P:
+                bad.append((setting, pos, p))
+        if SERVERS[name][2] > 1:
+            assert got[setting]["tau"] > 1.1, (name, setting, got[setting]["tau"])  # drafts decide tokens
+    assert not bad, f"{name}: DFLASH draws differ from plain decoding's at {bad}"
+
+
+@pytest.mark.server
+@pytest.mark.skipif(not BROKEN, reason="opt-in: SGLANG_DFLASH_TEST_BROKEN_RULES=1 (four more servers)")
+@pytest.mark.parametrize("broken", RULES)
+def test_each_broken_rule_fails_the_served_test(served, broken):
+    target, flat, ref, _, _ = served
+    with launch_rule(target, flat, "qall", 16, broken, name=f"dflash-broken-{broken}") as srv:
+        got = run(srv)
+    ps = [homogeneity_p(ref[s][pos], got[s][pos]) for s in SETTINGS for pos in POSITIONS]
+    print(f"{broken}: min p={min(ps):.3g}")
+    assert min(ps) <= MIN_P, f"{broken} passes the served test: it cannot tell this broken rule"
