@@ -292,8 +292,8 @@ def test_train_all_skips_reused_runs_documents(monkeypatch, tmp_path):
 
     monkeypatch.setattr(subprocess, "Popen", Proc)
     monkeypatch.setattr(features, "run", lambda *a, **k: seen.update(k) or {})
-    monkeypatch.setattr(trainer, "run", lambda *a, **k: seen.update(trainer=k) or {})
+    monkeypatch.setattr(trainer, "run", lambda c: seen.update(trainer=c) or {})
     monkeypatch.setattr(export, "run", lambda *a, **k: {})
     argv = ["all", "--workdir", str(tmp_path / "w"), "--no-text", "--model", "M", "--extra-features", str(old)]
     main(argv + ["--threads", str(torch.get_num_threads())])
-    assert seen["skip"] == {"text-00aa"} and seen["trainer"]["extra_features"] == [str(old)]
+    assert seen["skip"] == {"text-00aa"} and list(seen["trainer"].extra_features) == [str(old)]

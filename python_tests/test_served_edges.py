@@ -30,7 +30,12 @@ SAMPLED = [
     {"temperature": 0.7, "top_k": 20, "ignore_eos": True},
     {"temperature": 0.7, "top_p": 0.9, "sampling_seed": 9, "ignore_eos": True},
 ]
-PENALIZED = {"temperature": 0, "frequency_penalty": 0.5, "repetition_penalty": 1.2, "presence_penalty": 0.3}
+PENALIZED = {
+    "temperature": 0,
+    "ignore_eos": True,
+    "frequency_penalty": 0.5,
+    "presence_penalty": 0.3,
+}  # additive: order-free
 
 
 def two_eos_copy(target: str, root: str) -> str:
@@ -130,7 +135,7 @@ def test_outputs_do_not_depend_on_the_startup_profile(served):
 @pytest.mark.server
 def test_logprobs_of_sampled_and_penalized_requests_equal_plain(served):
     jobs, logprobs = served[3]
-    assert len(logprobs) == len(jobs) and all(len(r) == 8 for r in logprobs)
+    assert len(logprobs) == len(jobs) and all(len(r) == 8 for r in logprobs), [len(r) for r in logprobs]
     for (_, sp), rows in zip(jobs, logprobs):
         for j, (want, got) in enumerate(rows):
             assert abs(want - got) < 1e-4, (sp, j, want, got)

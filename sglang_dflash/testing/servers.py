@@ -203,8 +203,11 @@ def reference(srv: Server, batch, max_new_tokens=32):
         ).json()
         assert r["output_ids"] == o["output_ids"], "plain decoding is not deterministic"
         tops = r["meta_info"]["output_top_logprobs"]
-        gaps = [abs(t[0][0] - t[1][0]) for t in tops]
-        refs.append({"output_ids": o["output_ids"], "gaps": gaps, "runner_up": [t[1][1] for t in tops]})
+        # At an exact tie the top-logprob list may order the two tied tokens either way: the runner-up
+        # is the best entry that is not the token plain decoding emitted.
+        runner = [next(e for e in t if e[1] != tok) for t, tok in zip(tops, o["output_ids"])]
+        gaps = [abs(t[0][0] - e[0]) for t, e in zip(tops, runner)]
+        refs.append({"output_ids": o["output_ids"], "gaps": gaps, "runner_up": [e[1] for e in runner]})
     return refs
 
 
