@@ -12,7 +12,8 @@ The prompt is one where the tiny target spreads its mass (perplexity ~7.5), so a
 
 import numpy as np
 import pytest
-from scipy.stats import chi2_contingency, chisquare
+from chi2 import homogeneity_p
+from scipy.stats import chisquare
 
 from sglang_dflash.testing.servers import launch, prompts
 
@@ -50,17 +51,6 @@ def exact_first(srv, vocab=384):
     for lp, tok, _ in r["meta_info"]["output_top_logprobs"][0]:
         p[tok] = np.exp(lp)
     return p / p.sum()
-
-
-def homogeneity_p(a, b):
-    """Two samples of token ids -> chi-square p-value that they share one distribution (sparse
-    cells pooled so every expected count is >= 5)."""
-    keys = sorted(set(a) | set(b))
-    table = np.array([[a.count(k) for k in keys], [b.count(k) for k in keys]], dtype=float)
-    big = table.sum(0) >= 10
-    table = np.concatenate([table[:, big], table[:, ~big].sum(1, keepdims=True)], 1)
-    table = table[:, table.sum(0) > 0]
-    return chi2_contingency(table).pvalue
 
 
 def fit_p(seen, p):
