@@ -37,7 +37,7 @@ serve-tiny: install
 	  --speculative-draft-model-path $(SERVE_DIR)/drafter --port $(PORT) --host 127.0.0.1 $(ARGS)
 
 test: install lint
-	$(VPY) -m pytest -q -x --timeout=1800 python_tests $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -x --timeout=1800 --durations=30 python_tests $(PYTEST_ARGS)
 
 # ruff: lint (pyflakes + pycodestyle errors) and the format check, settings in pyproject.toml
 lint: install

@@ -69,3 +69,67 @@ def test_no_penalty_leaves_logits_untouched():
     logits = torch.randn(2 * B, V)
     rows = PenaltyRows(torch.zeros(2), torch.zeros(2), torch.ones(2), [[1], [2, 3]])
     assert torch.equal(apply_penalties(logits, torch.randint(0, V, (2, B)), rows), logits)
+
+
+def sglang_orchestrator(sps, device="cpu"):
+    """SGLang's own penalizers over a stand-in batch of requests with sampling params sps (the
+    penalizers read only reqs, device and each request's sampling_params)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.sampling import penaltylib
+
+    reqs = [SimpleNamespace(sampling_params=sp, output_ids=[], eos_token_ids=None, tokenizer=None) for sp in sps]
+    batch = type("Batch", (), {})()  # the orchestrator holds a weak reference to it
+    batch.device, batch.reqs = device, reqs
+    classes = {
+        penaltylib.BatchedFrequencyPenalizer,
+        penaltylib.BatchedMinNewTokensPenalizer,
+        penaltylib.BatchedPresencePenalizer,
+        penaltylib.BatchedRepetitionPenalizer,
+    }
+    orch = penaltylib.BatchedPenalizerOrchestrator(V, batch, classes)
+    batch.sampling_info = SimpleNamespace(penalizer_orchestrator=orch)
+    return batch
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_width_one_penalties_equal_sglang_penalizers_in_their_order(reverse):
+    """Repetition combined with frequency/presence: the penalizers' order changes the logits, and the
+    order SGLang's non-overlap decode uses is its orchestrator's dict order (from a set, so it varies
+    by process): we read it from the batch (srt.step_inputs.penalty_order) and match it bit for bit."""
+    from types import SimpleNamespace
+
+    from sglang_dflash.srt.step_inputs import penalty_order, penalty_rows
+
+    def sp(f, p, r):
+        return SimpleNamespace(
+            frequency_penalty=f,
+            presence_penalty=p,
+            repetition_penalty=r,
+            min_new_tokens=0,
+            logit_bias=None,
+            stop_token_ids=None,
+            ignore_eos=False,
+        )
+
+    g = torch.Generator().manual_seed(1)
+    batch = sglang_orchestrator([sp(0.7, 0.5, 1.6), sp(1.3, 0.0, 0.8), sp(0.0, 0.9, 1.3)])
+    orch = batch.sampling_info.penalizer_orchestrator
+    if reverse:  # another order a process may get
+        orch.penalizers = dict(reversed(list(orch.penalizers.items())))
+    for _ in range(6):  # plain decoding feeds each step's output tokens to the penalizers
+        ids = torch.randint(0, 8, (3,), generator=g)
+        orch.cumulate_output_tokens(ids)
+        for r, t in zip(batch.reqs, ids.tolist()):
+            r.output_ids.append(t)
+    logits = torch.randn(3, V, generator=g) * 4
+    want = logits.clone()
+    orch.apply(want)  # SGLang's non-overlap path
+    names = {"BatchedFrequencyPenalizer": "frequency", "BatchedPresencePenalizer": "presence"}
+    expected = tuple(names.get(c.__name__, "repetition") for c in orch.penalizers if "MinNew" not in c.__name__)
+    rows = penalty_rows(batch, V, "cpu")
+    assert rows.order == penalty_order(batch) == expected
+    anchors = torch.tensor([r.output_ids[-1] for r in batch.reqs])[:, None]  # width 1: the anchor row only
+    assert torch.equal(apply_penalties(logits, anchors, rows), want)
+    rows.order = rows.order[::-1]
+    assert not torch.equal(apply_penalties(logits, anchors, rows), want)  # the order matters on this data

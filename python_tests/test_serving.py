@@ -180,7 +180,8 @@ def test_prefix_cache_same_tokens_and_same_draft_kv(mixed):
     cold = gen(b, "pc-b-cold")
     assert cold["meta_info"]["cached_tokens"] == 0
     assert warm["output_ids"] == cold["output_ids"]
-    assert warm["meta_info"]["spec_accept_length"] == cold["meta_info"]["spec_accept_length"]
+    # Acceptance lengths are not compared: the adaptive controller picks widths from the acceptance
+    # history of every request served before, so warm and cold may verify at different widths.
     w, c = (torch.load(os.path.join(dump, f"pc-b-{k}.pt")) for k in ("warm", "cold"))
     assert w["k"].shape == c["k"].shape and w["k"].shape[1] == len(b)
     # Rows of the cached prefix were written by request A's prefill; they must equal a cold prefill's.

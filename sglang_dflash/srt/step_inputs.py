@@ -68,6 +68,23 @@ def limits(batch, device):
     return torch.tensor(budget, dtype=torch.int64, device=device), stop_table(stops, device)
 
 
+_PENALIZERS = {
+    "BatchedFrequencyPenalizer": "frequency",
+    "BatchedPresencePenalizer": "presence",
+    "BatchedRepetitionPenalizer": "repetition",
+}
+
+
+def penalty_order(batch) -> tuple:
+    """The order plain decoding applies penalties in, in this process: SGLang's non-overlap path
+    iterates its orchestrator's penalizers, built from a Python set of classes (an order that varies
+    by process), so we read it from the batch rather than fix one. Our ORDER if none is found."""
+    orchestrator = getattr(getattr(batch, "sampling_info", None), "penalizer_orchestrator", None)
+    names = [_PENALIZERS.get(cls.__name__) for cls in getattr(orchestrator, "penalizers", {})]
+    order = tuple(n for n in names if n is not None)
+    return order if sorted(order) == sorted(ORDER) else ORDER
+
+
 def penalty_rows(batch, vocab: int, device) -> Optional[PenaltyRows]:
     """None when no request uses penalties, min_new_tokens or logit_bias."""
     sps = [r.sampling_params for r in batch.reqs]
@@ -93,7 +110,7 @@ def penalty_rows(batch, vocab: int, device) -> Optional[PenaltyRows]:
         torch.tensor(min_new, dtype=torch.int64, device=device),
         stop_table([_stop_ids(r, honour_ignore_eos=False) for r in batch.reqs], device),
         bias,
-        ORDER,
+        penalty_order(batch),
     )
 
 

@@ -23,9 +23,15 @@ def pair(
     """(target, drafter) paths. strength None -> the unmodified random target and a random drafter.
     draft_vocab N > 0: the drafter scores a reduced vocabulary of N tokens (d2t)."""
     base = str(tiny_model_cache(kind, dtype))
+    target = base
+    if strength is not None:  # one steered target per strength, shared by its drafters (and plain references)
+        steered = build_once(
+            os.path.join(ROOT, f"steered-{kind}-{dtype}-{strength}-v2"),
+            lambda tmp: steer_target(base, os.path.join(tmp, "target"), strength),
+        )
+        target = os.path.join(steered, "target")
 
     def build(tmp: str) -> None:
-        target = base if strength is None else steer_target(base, os.path.join(tmp, "target"), strength)
         make_tiny_drafter(
             os.path.join(tmp, "drafter"),
             target,
@@ -36,5 +42,5 @@ def pair(
         )
 
     vocab = f"-dv{draft_vocab}" if draft_vocab else ""
-    d = build_once(os.path.join(ROOT, f"pair-{kind}-{dtype}-{strength}-b{block}-l{layers}{vocab}-v2"), build)
-    return base if strength is None else os.path.join(d, "target"), os.path.join(d, "drafter")
+    d = build_once(os.path.join(ROOT, f"pair-{kind}-{dtype}-{strength}-b{block}-l{layers}{vocab}-v3"), build)
+    return target, os.path.join(d, "drafter")

@@ -4,6 +4,7 @@ python -m sglang_dflash.train all --workdir WORKDIR --deadline 14:40
 python -m sglang_dflash.train {corpus,datagen,features,train,export} --workdir W [...]
 python -m sglang_dflash.train cut --drafter DIR --workdir W --out DIR2   (reduced draft vocabulary)
 python -m sglang_dflash.train mix --drafter PARENT --init-from CHILD --mix-weight 0.7 --out DIR2
+python -m sglang_dflash.train grow --drafter PARENT --num-layers 4 --grow-init copy|target --out DIR2
 
 Stages: corpus (text documents from this machine, corpus.py), datagen (the target's greedy answers to
 generated prompts), features (target features + labels, one prefill per sequence), train, export.
@@ -41,7 +42,7 @@ def parse_deadline(s: str | None, now: dt.datetime | None = None) -> float | Non
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("stage", choices=["all", "corpus", "datagen", "features", "train", "export", "cut", "mix"])
+    ap.add_argument("stage", choices=["all", "corpus", "datagen", "features", "train", "export", "cut", "mix", "grow"])
     ap.add_argument("--workdir", default="train_run")
     ap.add_argument("--model", default=None, help="target HF folder (default: the embedded SmolLM2)")
     ap.add_argument("--deadline", default=None, help="HH:MM UTC (the next one to come); every stage respects it")
@@ -93,6 +94,9 @@ def main(argv=None):
         "--extra-features", nargs="*", default=[], help="earlier runs' workdirs: their train split is trained on too"
     )
     ap.add_argument("--mix-weight", type=float, default=0.7, help="mix: the child's (--init-from) share")
+    ap.add_argument(
+        "--grow-init", default="copy", help="grow: new layers from the parent's last (copy) or the target's"
+    )
     ap.add_argument("--out", default=DRAFTER_DIR, help="export folder")
     ap.add_argument("--drafter", default=DRAFTER_DIR, help="cut: the exported drafter to give a reduced vocabulary")
     a = ap.parse_args(argv)
@@ -213,6 +217,10 @@ def main(argv=None):
         from sglang_dflash.train.interpolate import interpolate
 
         interpolate(a.drafter, a.init_from, a.out, a.mix_weight)
+    if a.stage == "grow":  # --drafter (the parent) with --num-layers layers, the same forward: grow.py
+        from sglang_dflash.train.grow import grow
+
+        grow(a.drafter, a.out, a.num_layers, a.grow_init, a.model)
     if a.stage == "cut":
         from sglang_dflash.train import vocab_cut
 

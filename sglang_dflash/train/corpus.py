@@ -70,6 +70,12 @@ def _lib_docs() -> tuple[tuple[str, str], ...]:
     return tuple(code_docs(_lib_files()))  # ~15 s of parsing: once per process
 
 
+@functools.cache
+def _base_docs() -> tuple[tuple[str, str, str], ...]:
+    """(family, user, assistant) of the stdlib code and prose documents: parsed once per process."""
+    return tuple([("code", u, a) for u, a in code_docs()] + [("prose", u, a) for u, a in prose_docs()])
+
+
 def code_docs(files: list[str] | None = None) -> list[tuple[str, str]]:
     """(user, assistant): implement a function (of the stdlib, or of `files`) from its signature and
     docstring."""
@@ -141,8 +147,7 @@ def documents(seed: int = 0, lib: bool = True) -> list[dict]:
     """Every document, in a fixed shuffled order: {"id", "family", "messages"}. The library code
     comes after the stdlib and prose documents (shuffled apart), so the first N documents of a
     seed stay what they were before it was added (bench/unseen_set.py's --seen-prefix)."""
-    docs = [("code", u, a) for u, a in code_docs()] + [("prose", u, a) for u, a in prose_docs()]
-    groups = [docs, [("libcode", u, a) for u, a in _lib_docs()] if lib else []]
+    groups = [_base_docs(), [("libcode", u, a) for u, a in _lib_docs()] if lib else []]
     seen, out = set(), []
     for group in groups:
         mine = []
