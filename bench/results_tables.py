@@ -216,3 +216,16 @@ def traces() -> list[str]:
         ws = ", ".join(f"{w}: {100 * n / len(steps):.0f}%" for w, n in sorted(share.items()))
         body.append([f"`{name}`", len(steps), tok, f"{tok / secs:.1f}", ws])
     return table(["real_bench run, trace", "steps", "tokens", "tok/s (all-in)", "widths (steps)"], body)
+
+
+def scale_out() -> list[str]:
+    """Layouts of the same cores side by side (bench/scale_out_bench.py): tok/s per concurrency."""
+    out = []
+    for run, rs in runs(rows("scale_out")).items():
+        concs = sorted({r["concurrency"] for r in rs})
+        cells = {(r["layout"], r["arm"], r["concurrency"]): r["tok_s"] for r in rs}
+        keys = sorted({(r["layout"], r["arm"]) for r in rs})
+        out += [f"Run `{run}` ({about(rs)}); output tok/s:", ""]
+        body = [[lay, arm, *[f1(cells.get((lay, arm, c))) for c in concs]] for lay, arm in keys]
+        out += table(["layout", "arm", *[f"c={c}" for c in concs]], body) + [""]
+    return out

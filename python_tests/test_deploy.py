@@ -141,3 +141,26 @@ def test_overlays_differ_only_where_they_must(name, allowed):
 def test_dockerfile_pins_sglang_and_builds_cuda():
     text = open(os.path.join(DEPLOY, "Dockerfile")).read()
     assert "FROM lmsysorg/sglang:v0.5.23" in text and "9.0;10.0" in text and "USER 1000" in text
+
+
+def test_router_overlay_runs_smg_with_the_local_router_flags():
+    """The router Deployment runs SMG (not the retired sglang-router) with service discovery of the
+    DFLASH pods and the flags `make serve REPLICAS=N` gives it; the image installs the pinned SMG;
+    every replica labels its metric series with its pod name."""
+    from sglang_dflash.replicas import router_cmd
+
+    router = next(
+        o for o in RENDERED["router"] if o["kind"] == "Deployment" and o["metadata"]["name"] == "sglang-dflash-router"
+    )
+    c = router["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["smg", "launch"]
+    args = c["args"]
+    assert "--service-discovery" in args and "app.kubernetes.io/name=sglang-dflash" in args
+    local = router_cmd(["http://w:1"], "h", 1, 2)
+    for flag in ("--policy", "--health-check-interval-secs", "--health-failure-threshold"):
+        assert args[args.index(flag) + 1] == local[local.index(flag) + 1], flag
+    assert "smg==1.13.0" in open(os.path.join(DEPLOY, "Dockerfile")).read()
+    for _, spec in servers(RENDERED["base"]):
+        sv = spec["containers"][0]
+        assert any(a.startswith("--extra-metric-labels=") and "$(POD_NAME)" in a for a in sv["args"])
+        assert any(e["name"] == "POD_NAME" for e in sv["env"])

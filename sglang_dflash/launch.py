@@ -32,7 +32,7 @@ def with_defaults(argv: list[str], gpu: bool) -> list[str]:
 
 
 def cpu_binding(ranks: int, cores: int) -> str:
-    """Split the cores evenly over the TP ranks: 2 ranks on 4 cores -> '0-1|2-3'."""
+    """Split the cores evenly over the CPU ranks (TP x DP): 2 ranks on 4 cores -> '0-1|2-3'."""
     per = max(1, cores // ranks)
     spans = [(min(i * per, cores - 1), min(i * per + per - 1, cores - 1)) for i in range(ranks)]
     return "|".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> None:
     if not gpu:
         set_cpu_env()
         tp = int(_flag(args, "--tp-size", _flag(args, "--tp", "1")))
-        if tp > 1:  # SGLang's CPU TP wants one core set per rank
-            os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", cpu_binding(tp, os.cpu_count() or 1))
+        dp = int(_flag(args, "--dp-size", _flag(args, "--dp", "1")))
+        if tp * dp > 1:  # SGLang's CPU ranks (TP x DP) want one core set each, else one per NUMA node
+            os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", cpu_binding(tp * dp, os.cpu_count() or 1))
     print("sglang_dflash.launch: python -m sglang.launch_server " + " ".join(args), flush=True)
     host, port = _flag(args, "--host", "127.0.0.1"), _flag(args, "--port", "30000")
     print(

@@ -1,0 +1,139 @@
+"""`python -m sglang_dflash.replicas --replicas N [--port P] [sglang_dflash.launch args]`: N DFLASH
+servers behind the SGLang gateway (SMG, `smg launch`: cache-aware routing, health checks, retries,
+circuit breakers) answering on one port, the same way a cluster runs them (deploy/overlays/router).
+
+Each worker is `python -m sglang_dflash.launch` on its own port (P + 1 + i), with its own metrics
+label (`--extra-metric-labels {"worker": "replica-i"}`: SGLang's label, carried by every
+`sglang:dflash_*` series) and, on a CPU-only machine, an even share of the cores
+(OMP_NUM_THREADS). SMG talks to them over HTTP (SGLang's HTTP server; SMG's gRPC mode needs
+SGLang's gRPC server, which the CPU build does not start). The gateway's own Prometheus metrics are on
+--router-metrics-port (default P + 100). Ctrl-C (SIGINT / SIGTERM) stops everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from sglang_dflash.cpu_serving import cuda_visible
+from sglang_dflash.launch import cpu_binding
+
+ROUTER_POLICY = "cache_aware"
+
+
+def worker_cmd(i: int, port: int, host: str, args: list[str]) -> list[str]:
+    labels = json.dumps({"worker": f"replica-{i}"})
+    return [
+        sys.executable,
+        "-m",
+        "sglang_dflash.launch",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--extra-metric-labels",
+        labels,
+        *args,
+    ]
+
+
+def router_cmd(urls: list[str], host: str, port: int, metrics_port: int, policy: str = ROUTER_POLICY) -> list[str]:
+    smg = shutil.which("smg") or os.path.join(os.path.dirname(sys.executable), "smg")
+    return [
+        smg, "launch", "--host", host, "--port", str(port), "--worker-urls", *urls, "--policy", policy,
+        "--prometheus-port", str(metrics_port), "--health-check-interval-secs", "2",
+        "--health-failure-threshold", "2", "--log-level", "warn",
+    ]  # fmt: skip
+
+
+def worker_env(i: int, replicas: int) -> dict[str, str]:
+    """On CPU, worker i gets its own even share of the cores (threads and their binding)."""
+    env = dict(os.environ)
+    if not cuda_visible():
+        cores = os.cpu_count() or 1
+        env["OMP_NUM_THREADS"] = str(max(1, cores // replicas))
+        env["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_binding(replicas, cores).split("|")[i]
+    return env
+
+
+def wait_healthy(url: str, procs: list[subprocess.Popen], timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"a process exited while waiting for {url}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{url} not healthy after {timeout:.0f} s")
+
+
+def wait_workers(url: str, n: int, procs: list[subprocess.Popen], timeout: float = 120) -> None:
+    """SMG answers /health before it has registered its workers (registration is a background job:
+    backend detection, model discovery), and until then routes nothing (404 model_not_found): wait
+    for all n in its /workers list."""
+    wait_healthy(url, procs, timeout)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with urllib.request.urlopen(url + "/workers", timeout=5) as r:
+            if json.load(r).get("total", 0) >= n:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} registered fewer than {n} workers after {timeout:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--router-metrics-port", type=int, default=None)
+    ap.add_argument("--policy", default=ROUTER_POLICY)
+    a, rest = ap.parse_known_args(argv)
+    procs: list[subprocess.Popen] = []
+
+    def stop(*_):
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        sys.exit(0)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    urls = []
+    for i in range(a.replicas):
+        port = a.port + 1 + i
+        urls.append(f"http://{a.host}:{port}")
+        procs.append(
+            subprocess.Popen(worker_cmd(i, port, a.host, rest), env=worker_env(i, a.replicas), start_new_session=True)
+        )
+    for url in urls:
+        wait_healthy(url, procs)
+    metrics_port = a.router_metrics_port or a.port + 100
+    procs.append(subprocess.Popen(router_cmd(urls, a.host, a.port, metrics_port, a.policy), start_new_session=True))
+    wait_workers(f"http://{a.host}:{a.port}", len(urls), procs)
+    print(
+        f"sglang_dflash.replicas: {a.replicas} DFLASH workers ({', '.join(urls)}) behind SMG at "
+        f"http://{a.host}:{a.port} (gateway metrics: http://{a.host}:{metrics_port}/metrics); try:\n"
+        f"  curl -s http://{a.host}:{a.port}/v1/chat/completions -H 'Content-Type: application/json' "
+        '-d \'{"model": "default", "messages": [{"role": "user", "content": "Hello"}], '
+        '"max_tokens": 48, "temperature": 0}\'',
+        flush=True,
+    )
+    while all(p.poll() is None for p in procs):
+        time.sleep(1)
+    stop()
+
+
+if __name__ == "__main__":
+    main()
