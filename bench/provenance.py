@@ -183,6 +183,12 @@ def server_argv(model: str, draft: str | None, dtype: str, extra: list[str]) -> 
     return server_cmd(model, draft, dtype, list(extra))
 
 
+def base_fields(prov: dict) -> dict:
+    """What every row names: the commit and tree it ran on, when, and where."""
+    keys = ("commit", "dirty", "dirty_files", "time", "host")
+    return {k: prov.get(k) for k in keys}
+
+
 def row_fields(prov: dict, argv: dict[str, list[str]], config: str, match_sched: bool, baseline: str = "plain") -> dict:
     """Provenance fields every JSONL row carries: commit, dirty flag, the row's own server argv and
     the baseline arm's (the two arms its speedup compares), and the scheduler-flag policy."""

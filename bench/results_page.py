@@ -26,6 +26,7 @@ from results_tables import (  # noqa: E402
     runs,
     scale_out,
     served,
+    step_profile,
     soak,
     spread,
     table,
@@ -98,7 +99,7 @@ def found_kinds() -> set[str]:
 def page(head_lines: list[str]) -> str:
     known = {"real_bench", "tiny_bench", "soak", "drafter_arms", "train_summary", "width_trace", "ops_cpu"}
     known |= {"draft_head", "sampling_bench", "train_step", "attention_bench", "draft_rope"}
-    known |= {"scale_out"} & found_kinds()
+    known |= {"scale_out", "step_profile"} & found_kinds()
     found = {os.path.basename(p)[: -len(".jsonl")] for p in glob.glob(os.path.join(RESULTS, "*.jsonl"))}
     assert found == known, (
         f"results files without a section here: {found - known}; sections without a file: {known - found}"
@@ -126,6 +127,11 @@ def page(head_lines: list[str]) -> str:
         *(
             ["## Scale-out layouts (`scale_out.jsonl`, `python bench/scale_out_bench.py`)", "", *scale_out()]
             if "scale_out" in known
+            else []
+        ),
+        *(
+            ["## Where a served step goes (`step_profile.jsonl`, `python bench/step_profile.py`)", "", *step_profile()]
+            if "step_profile" in known
             else []
         ),
         "## Soak (`soak.jsonl`)",

@@ -229,3 +229,16 @@ def scale_out() -> list[str]:
         body = [[lay, arm, *[f1(cells.get((lay, arm, c))) for c in concs]] for lay, arm in keys]
         out += table(["layout", "arm", *[f"c={c}" for c in concs]], body) + [""]
     return out
+
+
+def step_profile() -> list[str]:
+    """Where a served decode step's time goes (bench/step_profile.py): ms per step by stage."""
+    out = []
+    for run, rs in runs(rows("step_profile")).items():
+        stages = list(dict.fromkeys(s for r in rs for s in r["stages_ms_per_step"]))
+        cols = [f"{r['dtype']} W={r['width']} c={r['concurrency']}" for r in rs]
+        body = [[s, *[f1(r["stages_ms_per_step"].get(s, 0.0)) for r in rs]] for s in stages]
+        body.append(["**step**", *[f"**{f1(r['ms_per_step'])}**" for r in rs]])
+        out += [f"Run `{run}` ({about(rs)}); ms per decode step, pinned verify width W, concurrency c:", ""]
+        out += table(["stage", *cols], body) + [""]
+    return out

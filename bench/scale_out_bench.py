@@ -92,17 +92,34 @@ def main():
     batch = heldout_prompts(AutoTokenizer.from_pretrained(model), a.requests)
     extra = ["--disable-overlap-schedule", "--max-running-requests", "48"]  # what DFLASH forces, for both arms
     rows = []
-    for lay in a.layouts:
-        for arm, d in (("plain", None), ("dflash", draft)):
-            with layout(lay, model, d, a.replicas, extra) as (url, flush):
-                measure(url, flush, batch[:2], 2, 8)  # warm-up, excluded
-                for conc in a.concurrency:
-                    tok_s = measure(url, flush, batch, conc, a.max_new_tokens)
-                    rows.append({"layout": lay, "arm": arm, "concurrency": conc, "tok_s": round(tok_s, 1)})
-                    print(rows[-1], flush=True)
+    try:  # a layout that fails to start still leaves the rows measured before it
+        for lay in a.layouts:
+            for arm, d in (("plain", None), ("dflash", draft)):
+                with layout(lay, model, d, a.replicas, extra) as (url, flush):
+                    measure(url, flush, batch[:2], 2, 8)  # warm-up, excluded
+                    for conc in a.concurrency:
+                        tok_s = measure(url, flush, batch, conc, a.max_new_tokens)
+                        rows.append({"layout": lay, "arm": arm, "concurrency": conc, "tok_s": round(tok_s, 1)})
+                        print(rows[-1], flush=True)
+    finally:
+        save(rows, prov, a)
+
+
+def save(rows, prov, a):
+    if not rows:
+        return
     run = provenance.append_rows(
         RESULTS,
-        [dict(r, replicas=a.replicas, max_new_tokens=a.max_new_tokens, requests=a.requests) for r in rows],
+        [
+            dict(
+                r,
+                replicas=a.replicas,
+                max_new_tokens=a.max_new_tokens,
+                requests=a.requests,
+                **provenance.base_fields(prov),
+            )
+            for r in rows
+        ],
         prov,
     )
     print(f"scale_out_bench: run {run} -> {RESULTS}")

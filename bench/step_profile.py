@@ -25,7 +25,7 @@ import time
 import requests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from provenance import append_rows, stamp  # noqa: E402
+from provenance import append_rows, base_fields, stamp  # noqa: E402
 
 # (stage, substrings of a frame): the first match from the leaf upward wins
 STAGES = [
@@ -83,14 +83,16 @@ def profile(srv, concurrency: int, seconds: float) -> dict:
     raw = tempfile.mktemp(suffix=".txt")
     s0 = steps(srv.url)
     spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    subprocess.run([spy, "record", "-p", str(pid), "-d", str(seconds), "-r", "200", "-f", "raw", "-o", raw,
+    subprocess.run([spy, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "200", "-f", "raw", "-o", raw,
                     "--full-filenames", "--idle", "--nonblocking"], check=True, capture_output=True)  # fmt: skip
     n_steps = steps(srv.url) - s0
     stop.set()
     counts = collections.Counter()
     for line in open(raw):
         stack, _, n = line.rstrip().rpartition(" ")
-        counts[stage_of(stack.split(";"))] += int(n)
+        frames = stack.split(";")
+        if frames[0].startswith("<module>"):  # the scheduler's main thread (not its watchdog or tqdm threads)
+            counts[stage_of(frames)] += int(n)
     total = sum(counts.values())
     return {
         "steps": n_steps,
@@ -108,27 +110,32 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--widths", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    ap.add_argument("--seconds", type=float, default=20)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--seconds", type=int, default=20)
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16"], help="each a run of its own servers, side by side")
     a = ap.parse_args()
     prov = stamp()
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "step_profile.jsonl")
     model, drafter = derive(), shipped_drafter()
     rows = []
-    for w in a.widths:
-        env = {"SGLANG_DFLASH_WIDTH": str(w)}
-        with launch(model, drafter, a.dtype, env=env, name=f"profile-w{w}", check_drafts=False) as srv:
-            for c in a.concurrency:
-                row = {"width": w, "concurrency": c, "dtype": a.dtype, **profile(srv, c, a.seconds), "provenance": prov}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    for dtype in a.dtypes:
+        for w in a.widths:
+            env = {"SGLANG_DFLASH_WIDTH": str(w)}
+            with launch(model, drafter, dtype, env=env, name=f"profile-{dtype}-w{w}", check_drafts=False) as srv:
+                for c in a.concurrency:
+                    row = {"width": w, "concurrency": c, "dtype": dtype, **profile(srv, c, a.seconds)}
+                    rows.append({**row, **base_fields(prov)})
+                    print(json.dumps(row), flush=True)
     print("run", append_rows(out, rows, prov), "->", os.path.relpath(out))
     print(table(rows))
 
 
 def table(rows) -> str:
     stages = [s for s, _ in STAGES] + ["other"]
-    head = "| stage (ms per step) | " + " | ".join(f"W={r['width']} c={r['concurrency']}" for r in rows) + " |"
+    head = (
+        "| stage (ms per step) | "
+        + " | ".join(f"{r['dtype']} W={r['width']} c={r['concurrency']}" for r in rows)
+        + " |"
+    )
     lines = [head, "|---|" + "---:|" * len(rows)]
     for s in stages:
         vals = [r["stages_ms_per_step"].get(s, 0.0) for r in rows]
