@@ -37,7 +37,9 @@ def served(pair):
     with launch(target, None, "float32", name="plain-dflash2", extra=["--disable-overlap-schedule"]) as plain:
         refs = reference(plain, PROMPTS, MAX_NEW)
         pen = [plain.generate(p, MAX_NEW, **c)["output_ids"] for p, c in cases]
-    with launch(target, drafter, "float32", name="dflash2") as srv:
+    # Width pinned to the block: every step drafts through the selector and the convolutions (under
+    # the adaptive controller a run could verify at width 1 throughout and prove nothing of DFlash 2).
+    with launch(target, drafter, "float32", name="dflash2", env={"SGLANG_DFLASH_WIDTH": "8"}) as srv:
         yield srv, refs, cases, pen
 
 
