@@ -88,11 +88,13 @@ def profile(srv, concurrency: int, seconds: float) -> dict:
     n_steps = steps(srv.url) - s0
     stop.set()
     counts = collections.Counter()
-    for line in open(raw):
-        stack, _, n = line.rstrip().rpartition(" ")
-        frames = stack.split(";")
-        if frames[0].startswith("<module>"):  # the scheduler's main thread (not its watchdog or tqdm threads)
-            counts[stage_of(frames)] += int(n)
+    with open(raw) as f:
+        for line in f:
+            stack, _, n = line.rstrip().rpartition(" ")
+            frames = stack.split(";")
+            if frames[0].startswith("<module>"):  # the scheduler's main thread (not its watchdog or tqdm threads)
+                counts[stage_of(frames)] += int(n)
+    os.remove(raw)
     total = sum(counts.values())
     return {
         "steps": n_steps,

@@ -23,7 +23,7 @@ import pytest
 import requests
 
 from sglang_dflash.replicas import router_cmd, wait_workers, worker_env
-from sglang_dflash.testing.servers import LOG_DIR, dflash_state, free_port, generate_all, launch, prompts, stop
+from sglang_dflash.testing.servers import LOG_DIR, Server, dflash_state, free_port, generate_all, launch, prompts, stop
 
 PROMPTS = prompts(16, seed=31, max_len=80)
 PREFIX = prompts(4, seed=32, max_len=300)[3]  # 300 tokens shared by a conversation
@@ -44,18 +44,8 @@ def router(urls, port):
     return proc
 
 
-class Url:  # the harness's generate helpers take anything with .url and .generate
-    def __init__(self, url):
-        self.url = url
-
-    def generate(self, input_ids, max_new_tokens=NEW, timeout=120, **sampling):
-        body = {
-            "input_ids": input_ids,
-            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, **sampling},
-        }
-        r = requests.post(self.url + "/generate", json=body, timeout=timeout)
-        r.raise_for_status()
-        return r.json()
+def gateway(url):  # the gateway as a harness Server (its generate / post helpers), with no process of its own
+    return Server(None, url, None)
 
 
 def hit_rate(srv):
@@ -75,7 +65,7 @@ def load(front, n=200, workers=8):
     def one(k):
         i = k % len(PROMPTS)
         try:
-            out = front.generate(PROMPTS[i], NEW)
+            out = front.generate(PROMPTS[i], NEW, timeout=120)
             with lock:
                 done.append((i, out["output_ids"], out["meta_info"]["finish_reason"]))
         except Exception as e:  # noqa: BLE001 - a failed request is counted, the client may retry it
@@ -94,7 +84,7 @@ def pair_models(pair):
     target, drafter = pair("llama", "float32", MIXED["llama"])
     with launch(target, None, "float32", name="plain-scale-out") as plain:
         refs = [o["output_ids"] for o in generate_all(plain, PROMPTS, NEW)]
-        single_hit = hit_rate(Url(plain.url))
+        single_hit = hit_rate(plain)
     return target, drafter, refs, single_hit
 
 
@@ -105,7 +95,7 @@ def test_router_serves_losslessly_across_both_workers(pair_models):
     with worker(target, drafter, 0) as w0, worker(target, drafter, 1) as w1:
         proc = router([w0.url, w1.url], port)
         try:
-            front = Url(f"http://127.0.0.1:{port}")
+            front = gateway(f"http://127.0.0.1:{port}")
             outs = generate_all(front, PROMPTS, NEW, workers=8)
             body = {
                 "input_ids": PROMPTS[0],
@@ -138,7 +128,7 @@ def test_a_worker_killed_under_load_loses_no_token(pair_models):
         w1 = w1_ctx.__enter__()
         proc = router([w0.url, w1.url], port)
         try:
-            front = Url(f"http://127.0.0.1:{port}")
+            front = gateway(f"http://127.0.0.1:{port}")
             killer = threading.Timer(4.0, lambda: os.killpg(os.getpgid(w1.proc.pid), signal.SIGKILL))
             killer.start()
             done, errors = load(front)
