@@ -288,3 +288,16 @@ def test_unsupported_sampling_features_are_refused_clearly(mixed):
     assert "sglang_dflash" in text and "custom_logit_processor" in text, (r.status_code, text[:300])
     ok = run_case(srv, SAMPLES[1], {"max_new_tokens": 8})  # the server keeps serving
     assert len(ok["output_ids"]) == 8
+
+
+@pytest.mark.server
+def test_cpu_subprocesses_are_forked_not_spawned(mixed):
+    """srt/fork_start.py: on CPU the scheduler and detokenizer are forked from the launching process
+    (a spawned child runs `multiprocessing.spawn`'s entry point and re-imports SGLang)."""
+    import psutil
+
+    srv = mixed[0]
+    children = psutil.Process(srv.proc.pid).children(recursive=True)
+    cmdlines = [" ".join(c.cmdline()) for c in children]
+    assert len(children) >= 2, cmdlines
+    assert not [c for c in cmdlines if "multiprocessing" in c], cmdlines

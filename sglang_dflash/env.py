@@ -114,6 +114,19 @@ PROFILE = EnvVar(
     True,
     "0: skip the start-up step-cost profile (the controller then verifies the whole block)",
 )
+FORK_START = EnvVar(
+    "SGLANG_DFLASH_FORK_START",
+    bool,
+    True,
+    "CPU: fork SGLang's scheduler and detokenizer from the launching process instead of spawning "
+    "them (they skip re-importing SGLang: a tiny-model server is healthy in ~20 s instead of ~33 s); 0: spawn",
+)
+PROFILE_BUDGET = EnvVar(
+    "SGLANG_DFLASH_PROFILE_BUDGET",
+    int,
+    60,
+    "seconds the start-up step-cost profile may take: batch sizes it cannot reach are extrapolated",
+)
 PROPOSAL = EnvVar(
     "SGLANG_DFLASH_PROPOSAL",
     str,

@@ -7,7 +7,8 @@ Registers, lazily and idempotently:
 - CPU stand-ins for the sgl_kernel functions SGLang imports, when the real ones cannot load;
 - a request check that refuses sampling features our verify does not reproduce exactly yet;
 - CPU tensor parallelism (gloo groups without NCCL); a 400 for empty or out-of-vocabulary prompts;
-- where a grammar ends inside a verified run, the same tokens and finish as plain decoding.
+- where a grammar ends inside a verified run, the same tokens and finish as plain decoding;
+- on CPU, subprocesses forked rather than spawned (srt/fork_start.py: a faster start).
 """
 
 _registered = False
@@ -55,6 +56,12 @@ def register():
     HookRegistry.register(
         "sglang.srt.managers.schedule_batch.Req.update_finish_state", hooks.update_finish_state, HookType.AROUND
     )
+    from sglang_dflash.srt import fork_start
+
+    HookRegistry.register(
+        "sglang.srt.entrypoints.engine._set_envs_and_config", fork_start.set_envs_and_config, HookType.AROUND
+    )
+    fork_start.use_fork()
     from sglang_dflash import env
 
     if env.DEBUG_STEER.get() is not None or env.DEBUG_BROKEN_RULE.get():  # test switches only

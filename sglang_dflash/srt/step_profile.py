@@ -61,27 +61,52 @@ def profile_batch_sizes(max_running: int) -> list[int]:
     return sizes + ([max_running] if max_running not in sizes and max_running < PROFILE_BATCHES[-1] else [])
 
 
-def profile_costs(worker, widths: list[int], batch_sizes: list[int], passes: int = PROFILE_PASSES) -> CostTable:
-    """The fastest of `passes` timed dummy steps per (bs, W), the passes interleaved over the whole
-    grid (a pass per cell in a row let one slow stretch of the host inflate a whole cell: batch 16
-    width 1 measured 120 ms at one start and 61 ms at the next, and a width never run keeps its
-    profile), after one warm-up step per bs at the widest W (the first call of a shape pays one-off
-    allocations); the online correction refines it from real steps."""
-    seconds = {}
-    t0 = time.perf_counter()
-    for bs in batch_sizes:
-        _dummy_step(worker, bs, widths[-1])
-    for _ in range(passes):
-        for bs in batch_sizes:
+def profile_costs(
+    worker,
+    widths: list[int],
+    batch_sizes: list[int],
+    passes: int = PROFILE_PASSES,
+    budget_s: float | None = None,
+    step=None,
+    clock=time.perf_counter,
+) -> CostTable:
+    """The fastest of `passes` timed dummy steps per (bs, W), after one warm-up step per bs at the
+    widest W (the first call of a shape pays one-off allocations); the online correction refines it
+    from real steps. The first pass runs row by row, smallest bs first, and stops before a row that
+    would pass the time budget (SGLANG_DFLASH_PROFILE_BUDGET): larger batches are then extrapolated
+    linearly by the table (a 135M target in emulated bf16 on 2 cores took minutes to profile up to
+    batch 48, longer than a health check waits). The later passes are interleaved over the whole
+    measured grid (a pass per cell in a row let one slow stretch of the host inflate a whole cell:
+    batch 16 width 1 measured 120 ms at one start and 61 ms at the next) and run while the budget lasts."""
+    step = step or _dummy_step
+    budget_s = env.PROFILE_BUDGET.get() if budget_s is None else budget_s
+    seconds, measured = {}, []
+    t0 = clock()
+    for i, bs in enumerate(batch_sizes):
+        row_start = clock()
+        step(worker, bs, widths[-1])
+        for w in widths:
+            seconds[(bs, w)] = step(worker, bs, w)
+        measured.append(bs)
+        row = clock() - row_start
+        nxt = batch_sizes[i + 1] if i + 1 < len(batch_sizes) else None
+        if nxt is not None and clock() - t0 + row * nxt / bs > budget_s:
+            break
+    first_pass = clock() - t0
+    done = 1
+    while done < passes and clock() - t0 + first_pass <= budget_s:
+        for bs in measured:
             for w in widths:
-                t = _dummy_step(worker, bs, w)
-                seconds[(bs, w)] = min(seconds.get((bs, w), t), t)
-    table = CostTable(batch_sizes, widths, seconds)
+                seconds[(bs, w)] = min(seconds[(bs, w)], step(worker, bs, w))
+        done += 1
+    table = CostTable(measured, widths, seconds)
+    beyond = f"; bs > {measured[-1]} extrapolated (budget {budget_s:g} s)" if measured != list(batch_sizes) else ""
     logger.info(
-        "DFLASH step cost profile (%.1f s, prefix %d, fastest of %d passes; ms per step, forced monotone):\n%s",
-        time.perf_counter() - t0,
+        "DFLASH step cost profile (%.1f s, prefix %d, fastest of %d passes%s; ms per step, forced monotone):\n%s",
+        clock() - t0,
         PROFILE_PREFIX,
-        passes,
+        done,
+        beyond,
         table.describe(),
     )
     return table

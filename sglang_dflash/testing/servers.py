@@ -140,7 +140,7 @@ def launch(
                 pass
             if time.time() > deadline:
                 raise TimeoutError(f"server not healthy after {startup_timeout}s:\n{srv.log()[-4000:]}")
-            time.sleep(1)
+            time.sleep(0.25)
         yield srv
         plain_width = (env or {}).get(dflash_env.WIDTH.name) == "1"  # pinned to plain decoding: no drafts
         if draft is not None and check_drafts and FAULT_ENV not in (env or {}) and not plain_width:
