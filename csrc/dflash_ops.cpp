@@ -129,6 +129,7 @@ TORCH_LIBRARY(sglang_dflash, m) {
         "Tensor slots, Tensor(a!) k_cache, Tensor(b!) v_cache, float eps, bool neox, float kv_scale) -> ()");
   m.def("linear_verify_accept(Tensor draft, Tensor target, Tensor prefix_lens, Tensor budget, Tensor stop_ids) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("bf16_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");  // CPU only: bf16_linear_cpu.cpp
 }
 
 TORCH_LIBRARY_IMPL(sglang_dflash, CPU, m) {

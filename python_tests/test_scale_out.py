@@ -88,27 +88,37 @@ def pair_models(pair):
     return target, drafter, refs, single_hit
 
 
-@pytest.mark.server
-def test_router_serves_losslessly_across_both_workers(pair_models):
-    target, drafter, refs, single_hit = pair_models
-    port = free_port()
-    with worker(target, drafter, 0) as w0, worker(target, drafter, 1) as w1:
+@pytest.fixture(scope="module")
+def replicas(pair_models):
+    """Two workers behind one router, shared by the routing test and then the fault test (which
+    kills worker 1 and restarts it on the same port)."""
+    target, drafter, _, _ = pair_models
+    port, p1 = free_port(), free_port()
+    with worker(target, drafter, 0) as w0:
+        w1_ctx = worker(target, drafter, 1, port=p1)
+        w1 = w1_ctx.__enter__()
         proc = router([w0.url, w1.url], port)
         try:
-            front = gateway(f"http://127.0.0.1:{port}")
-            outs = generate_all(front, PROMPTS, NEW, workers=8)
-            body = {
-                "input_ids": PROMPTS[0],
-                "stream": True,
-                "sampling_params": {"max_new_tokens": NEW, "temperature": 0},
-            }
-            with requests.post(front.url + "/generate", json=body, stream=True, timeout=120) as r:
-                chunks = [ln for ln in r.iter_lines() if ln.startswith(b"data:") and b"[DONE]" not in ln]
-            routed_hit = hit_rate(front)
-            states = [dflash_state(w0), dflash_state(w1)]
-            metrics = [requests.get(w.url + "/metrics", timeout=30).text for w in (w0, w1)]
+            yield w0, w1, p1, gateway(f"http://127.0.0.1:{port}")
         finally:
             stop(proc)
+            try:
+                w1_ctx.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - the fault test killed it on purpose
+                pass
+
+
+@pytest.mark.server
+def test_router_serves_losslessly_across_both_workers(pair_models, replicas):
+    _, _, refs, single_hit = pair_models
+    w0, w1, _, front = replicas
+    outs = generate_all(front, PROMPTS, NEW, workers=8)
+    body = {"input_ids": PROMPTS[0], "stream": True, "sampling_params": {"max_new_tokens": NEW, "temperature": 0}}
+    with requests.post(front.url + "/generate", json=body, stream=True, timeout=120) as r:
+        chunks = [ln for ln in r.iter_lines() if ln.startswith(b"data:") and b"[DONE]" not in ln]
+    routed_hit = hit_rate(front)
+    states = [dflash_state(w0), dflash_state(w1)]
+    metrics = [requests.get(w.url + "/metrics", timeout=30).text for w in (w0, w1)]
     assert [o["output_ids"] for o in outs] == refs
     assert len(chunks) > 1, "streaming through the router sent one chunk"
     assert all(s["draft_steps"] > 0 for s in states), f"a worker got no requests: {states}"
@@ -120,33 +130,21 @@ def test_router_serves_losslessly_across_both_workers(pair_models):
 
 
 @pytest.mark.server
-def test_a_worker_killed_under_load_loses_no_token(pair_models):
+def test_a_worker_killed_under_load_loses_no_token(pair_models, replicas):
     target, drafter, refs, _ = pair_models
-    port, p1 = free_port(), free_port()
-    with worker(target, drafter, 0) as w0:
-        w1_ctx = worker(target, drafter, 1, port=p1)
-        w1 = w1_ctx.__enter__()
-        proc = router([w0.url, w1.url], port)
-        try:
-            front = gateway(f"http://127.0.0.1:{port}")
-            killer = threading.Timer(4.0, lambda: os.killpg(os.getpgid(w1.proc.pid), signal.SIGKILL))
-            killer.start()
-            done, errors = load(front)
-            killer.join()
-            wrong = [(i, ids) for i, ids, _ in done if ids != refs[i]]
-            time.sleep(6)  # health checks mark the dead worker
-            after, after_errors = load(front, n=16)
-            with worker(target, drafter, 1, port=p1) as again:  # the same URL: the router's worker comes back
-                deadline, rejoined = time.time() + 120, False
-                while not rejoined and time.time() < deadline:
-                    load(front, n=16)
-                    rejoined = dflash_state(again)["draft_steps"] > 0
-        finally:
-            stop(proc)
-            try:
-                w1_ctx.__exit__(None, None, None)
-            except Exception:  # noqa: BLE001 - it was killed on purpose
-                pass
+    _, w1, p1, front = replicas
+    killer = threading.Timer(4.0, lambda: os.killpg(os.getpgid(w1.proc.pid), signal.SIGKILL))
+    killer.start()
+    done, errors = load(front)
+    killer.join()
+    wrong = [(i, ids) for i, ids, _ in done if ids != refs[i]]
+    time.sleep(6)  # health checks mark the dead worker
+    after, after_errors = load(front, n=16)
+    with worker(target, drafter, 1, port=p1) as again:  # the same URL: the router's worker comes back
+        deadline, rejoined = time.time() + 120, False
+        while not rejoined and time.time() < deadline:
+            load(front, n=16)
+            rejoined = dflash_state(again)["draft_steps"] > 0
     print(f"fault: {len(done)} completed, {len(errors)} failed with an error, {len(wrong)} wrong; errors {errors[:3]}")
     assert not wrong, f"silently wrong or truncated outputs: {wrong[:3]}"
     assert len(done) + len(errors) == 200 and len(done) >= 150

@@ -127,6 +127,14 @@ PROFILE_BUDGET = EnvVar(
     60,
     "seconds the start-up step-cost profile may take: batch sizes it cannot reach are extrapolated",
 )
+CPU_LINEAR = EnvVar(
+    "SGLANG_DFLASH_CPU_LINEAR",
+    str,
+    "auto",
+    "DFLASH servers' bf16 target GEMMs on CPU through our AVX2 kernel (csrc/bf16_linear_cpu.cpp): "
+    "`auto` (where oneDNN has no native bf16), `1` (always), `0` (torch's)",
+    choices=("auto", "1", "0"),
+)
 PROPOSAL = EnvVar(
     "SGLANG_DFLASH_PROPOSAL",
     str,

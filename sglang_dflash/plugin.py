@@ -8,7 +8,8 @@ Registers, lazily and idempotently:
 - a request check that refuses sampling features our verify does not reproduce exactly yet;
 - CPU tensor parallelism (gloo groups without NCCL); a 400 for empty or out-of-vocabulary prompts;
 - where a grammar ends inside a verified run, the same tokens and finish as plain decoding;
-- on CPU, subprocesses forked rather than spawned (srt/fork_start.py: a faster start).
+- on CPU, subprocesses forked rather than spawned (srt/fork_start.py: a faster start);
+- a DFLASH server's bf16 GEMMs on a CPU without native bf16 through our kernel (srt/cpu_linear.py).
 """
 
 _registered = False
@@ -56,7 +57,16 @@ def register():
     HookRegistry.register(
         "sglang.srt.managers.schedule_batch.Req.update_finish_state", hooks.update_finish_state, HookType.AROUND
     )
-    from sglang_dflash.srt import fork_start
+    from sglang_dflash.srt import cpu_linear, fork_start
+
+    HookRegistry.register(
+        "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply", cpu_linear.linear_apply, HookType.AROUND
+    )
+    HookRegistry.register(
+        "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
+        cpu_linear.compute_lm_head,
+        HookType.AROUND,
+    )
 
     HookRegistry.register(
         "sglang.srt.entrypoints.engine._set_envs_and_config", fork_start.set_envs_and_config, HookType.AROUND

@@ -1,7 +1,8 @@
 """The sglang_dflash ops: the C++/CUDA extension when built, else the torch references.
 
 `torch.ops.sglang_dflash.write_draft_kv` and `torch.ops.sglang_dflash.linear_verify_accept` exist
-after `load()`; the worker calls them on every device.
+after `load()`; the worker calls them on every device. `bf16_linear` is a CPU op (the target's
+bf16 GEMMs on hosts without native bf16, srt/cpu_linear.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ SCHEMAS = {
     "float kv_scale) -> ()",
     "linear_verify_accept": "(Tensor draft, Tensor target, Tensor prefix_lens, Tensor budget, Tensor stop_ids) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    "bf16_linear": "(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
 }
 
 _state = {"loaded": False, "backend": None}
@@ -34,6 +36,7 @@ def _register_reference_ops():
         lib.define(name + schema)
     lib.impl("write_draft_kv", reference.write_draft_kv_ref, "CompositeExplicitAutograd")
     lib.impl("linear_verify_accept", reference.linear_verify_accept_ref, "CompositeExplicitAutograd")
+    lib.impl("bf16_linear", reference.bf16_linear_ref, "CompositeExplicitAutograd")
     _state["lib"] = lib  # keep the registration alive
 
 
@@ -52,6 +55,10 @@ def _register_fakes():
             draft.new_empty(bs),
             torch.empty_like(draft),
         )
+
+    @torch.library.register_fake("sglang_dflash::bf16_linear")
+    def _(x, weight, bias):
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def load() -> str:

@@ -4,6 +4,7 @@ write_draft_kv: k_norm + RoPE on the context K of every drafter layer, then stor
     drafter's KV buffers at the target's slot ids (one call for all layers).
 linear_verify_accept: longest matching prefix + bonus, cut by each request's token budget and
     stop tokens, in one call for the batch.
+bf16_linear: x @ W^T (+ b) of bf16 tensors, summed in fp32 and rounded to bf16 once (CPU only).
 """
 
 from __future__ import annotations
@@ -90,3 +91,12 @@ def linear_verify_accept_ref(
     bonus = target.gather(1, (commit - 1)[:, None]).squeeze(1)
     out = torch.where(cols < commit[:, None], target, torch.full_like(target, -1))
     return accept, bonus, commit, prefix_lens + commit, out
+
+
+def bf16_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K] bf16, weight [N, K] bf16, bias [N] bf16 or None -> [..., N] bf16: the product and
+    the bias summed in fp32, rounded to bf16 once (what torch's bf16 linear computes)."""
+    y = x.float() @ weight.float().T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(torch.bfloat16)

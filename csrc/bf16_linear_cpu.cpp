@@ -1,0 +1,186 @@
+// bf16_linear on CPU: y = x @ W^T (+ b) for bf16 x, W, b, accumulated in fp32, y rounded to bf16 once.
+// Reference: sglang_dflash/kernels/reference.py (bf16_linear_ref).
+//
+// Why: on a host without native bf16 (AVX2 only), torch's bf16 matmul runs at ~10 GFLOP/s a core
+// whatever the shape, so a 135M target's width-8 verify step costs 5x its fp32 one. Widening bf16
+// to fp32 is a 16-bit shift, so W can stay bf16 in memory (half the bytes of fp32: what a one-row
+// decode step is bound by) while the FMAs run in fp32 at AVX2 speed.
+//   M <= 2 (decode): stream W once, rows of W widened in registers, 8 output columns at a time.
+//   M > 2 (verify rows): widen 4 rows of W into an fp32 tile once, then 3 x rows x 4 W rows of
+//   fp32 dot products per pass over K (12 accumulators), so each widened W row serves all M rows.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "dflash_checks.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define DFLASH_X86 1
+#endif
+
+namespace sglang_dflash {
+
+namespace {
+
+using bf16 = c10::BFloat16;
+constexpr int64_t NB = 4;  // W rows (output columns) per tile
+constexpr int64_t MB = 3;  // x rows per pass over a tile
+constexpr int64_t NS = 8;  // W rows per tile of the one-row (decode) path, and of the work split
+
+inline float widen(bf16 v) { return static_cast<float>(v); }
+
+// Portable path (and the tails): plain fp32 dot products.
+void tile_scalar(const float* x, int64_t M, const bf16* w, int64_t n0, int64_t n1, int64_t K, const bf16* b,
+                 bf16* y, int64_t N) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const bf16* wr = w + n * K;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xr = x + m * K;
+      float acc = 0.f;
+      for (int64_t k = 0; k < K; ++k) acc += xr[k] * widen(wr[k]);
+      y[m * N + n] = bf16(acc + (b ? widen(b[n]) : 0.f));
+    }
+  }
+}
+
+#ifdef DFLASH_X86
+__attribute__((target("avx2,fma"))) inline __m256 load_bf16(const bf16* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Decode shapes: each W row is read from memory once and widened in registers. 8 rows at a time,
+// so 8 independent FMA chains and 8 memory streams are in flight (4 left a one-row step at ~8 GB/s,
+// a third of what one core can stream). K % 8 == 0.
+__attribute__((target("avx2,fma"))) void rows_stream(const float* x, int64_t M, const bf16* w, int64_t n0,
+                                                     int64_t n1, int64_t K, const bf16* b, bf16* y, int64_t N) {
+  int64_t n = n0;
+  for (; n + NS <= n1; n += NS) {
+    const bf16* r = w + n * K;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xr = x + m * K;
+      __m256 a[NS];
+      for (auto& v : a) v = _mm256_setzero_ps();
+      for (int64_t k = 0; k < K; k += 8) {
+        const __m256 xv = _mm256_loadu_ps(xr + k);
+        a[0] = _mm256_fmadd_ps(xv, load_bf16(r + k), a[0]);
+        a[1] = _mm256_fmadd_ps(xv, load_bf16(r + K + k), a[1]);
+        a[2] = _mm256_fmadd_ps(xv, load_bf16(r + 2 * K + k), a[2]);
+        a[3] = _mm256_fmadd_ps(xv, load_bf16(r + 3 * K + k), a[3]);
+        a[4] = _mm256_fmadd_ps(xv, load_bf16(r + 4 * K + k), a[4]);
+        a[5] = _mm256_fmadd_ps(xv, load_bf16(r + 5 * K + k), a[5]);
+        a[6] = _mm256_fmadd_ps(xv, load_bf16(r + 6 * K + k), a[6]);
+        a[7] = _mm256_fmadd_ps(xv, load_bf16(r + 7 * K + k), a[7]);
+      }
+      for (int64_t j = 0; j < NS; ++j) y[m * N + n + j] = bf16(hsum(a[j]) + (b ? widen(b[n + j]) : 0.f));
+    }
+  }
+  tile_scalar(x, M, w, n, n1, K, b, y, N);
+}
+
+// Verify shapes: 4 W rows widened once into `wt` [NB, K], then MB x rows against them. K % 8 == 0.
+__attribute__((target("avx2,fma"))) void rows_tiled(const float* x, int64_t M, const bf16* w, int64_t n0,
+                                                    int64_t n1, int64_t K, const bf16* b, bf16* y, int64_t N,
+                                                    float* wt) {
+  int64_t n = n0;
+  for (; n + NB <= n1; n += NB) {
+    for (int64_t j = 0; j < NB; ++j)
+      for (int64_t k = 0; k < K; k += 8) _mm256_storeu_ps(wt + j * K + k, load_bf16(w + (n + j) * K + k));
+    const float *w0 = wt, *w1 = wt + K, *w2 = wt + 2 * K, *w3 = wt + 3 * K;
+    int64_t m = 0;
+    for (; m + MB <= M; m += MB) {
+      const float *x0 = x + m * K, *x1 = x0 + K, *x2 = x1 + K;
+      __m256 c[MB][NB];
+      for (auto& row : c)
+        for (auto& v : row) v = _mm256_setzero_ps();
+      for (int64_t k = 0; k < K; k += 8) {
+        const __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
+        const __m256 v2 = _mm256_loadu_ps(w2 + k), v3 = _mm256_loadu_ps(w3 + k);
+        const __m256 u[MB] = {_mm256_loadu_ps(x0 + k), _mm256_loadu_ps(x1 + k), _mm256_loadu_ps(x2 + k)};
+        for (int64_t i = 0; i < MB; ++i) {
+          c[i][0] = _mm256_fmadd_ps(u[i], v0, c[i][0]);
+          c[i][1] = _mm256_fmadd_ps(u[i], v1, c[i][1]);
+          c[i][2] = _mm256_fmadd_ps(u[i], v2, c[i][2]);
+          c[i][3] = _mm256_fmadd_ps(u[i], v3, c[i][3]);
+        }
+      }
+      for (int64_t i = 0; i < MB; ++i)
+        for (int64_t j = 0; j < NB; ++j) y[(m + i) * N + n + j] = bf16(hsum(c[i][j]) + (b ? widen(b[n + j]) : 0.f));
+    }
+    for (; m < M; ++m) {
+      const float* xr = x + m * K;
+      __m256 a[NB] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (int64_t k = 0; k < K; k += 8) {
+        const __m256 xv = _mm256_loadu_ps(xr + k);
+        for (int64_t j = 0; j < NB; ++j) a[j] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wt + j * K + k), a[j]);
+      }
+      for (int64_t j = 0; j < NB; ++j) y[m * N + n + j] = bf16(hsum(a[j]) + (b ? widen(b[n + j]) : 0.f));
+    }
+  }
+  tile_scalar(x, M, w, n, n1, K, b, y, N);
+}
+
+bool has_avx2_fma() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+}
+#endif
+
+}  // namespace
+
+// x [..., K] bf16, weight [N, K] bf16 contiguous, bias [N] bf16 or None -> [..., N] bf16.
+at::Tensor bf16_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16,
+              "bf16_linear: x and weight must be bfloat16, got ", x.scalar_type(), " and ", weight.scalar_type());
+  TORCH_CHECK(weight.dim() == 2 && x.size(-1) == weight.size(1), "bf16_linear: x [..., K] and weight [N, K], got ",
+              x.sizes(), " and ", weight.sizes());
+  const int64_t K = weight.size(1), N = weight.size(0);
+  const at::Tensor w = weight.contiguous();
+  const at::Tensor x2 = x.reshape({-1, K});
+  const int64_t M = x2.size(0);
+  const at::Tensor xf = x2.to(at::kFloat).contiguous();  // x rows widened once
+  std::optional<at::Tensor> bc;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kBFloat16 && bias->numel() == N, "bf16_linear: bias must be [N] bfloat16");
+    bc = bias->contiguous();
+  }
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = N;
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y.view(out_shape);
+  const float* xp = xf.data_ptr<float>();
+  const bf16* wp = w.data_ptr<bf16>();
+  const bf16* bp = bc ? bc->data_ptr<bf16>() : nullptr;
+  bf16* yp = y.data_ptr<bf16>();
+  const int64_t tiles = (N + NS - 1) / NS;  // work split in 8-row tiles (both paths tile by 8 or 4)
+  at::parallel_for(0, tiles, 16, [&](int64_t t0, int64_t t1) {
+    const int64_t n0 = t0 * NS, n1 = std::min(N, t1 * NS);
+#ifdef DFLASH_X86
+    if (has_avx2_fma() && K % 8 == 0) {
+      if (M <= 2) {
+        rows_stream(xp, M, wp, n0, n1, K, bp, yp, N);
+      } else {
+        std::vector<float> wt(NB * K);
+        rows_tiled(xp, M, wp, n0, n1, K, bp, yp, N, wt.data());
+      }
+      return;
+    }
+#endif
+    tile_scalar(xp, M, wp, n0, n1, K, bp, yp, N);
+  });
+  return y.view(out_shape);
+}
+
+TORCH_LIBRARY_IMPL(sglang_dflash, CPU, m) { m.impl("bf16_linear", &bf16_linear_cpu); }
+
+}  // namespace sglang_dflash

@@ -1,0 +1,91 @@
+"""csrc/bf16_linear_cpu.cpp against its torch reference: every code path (decode rows streamed, verify
+rows tiled, row and column tails, K not a multiple of 8, bias, leading dims), opcheck, bad input, and
+the serving hooks (srt/cpu_linear.py) routing only a DFLASH server's bf16 CPU GEMMs to it."""
+
+import types
+
+import pytest
+import torch
+
+from sglang_dflash import kernels
+from sglang_dflash.kernels.reference import bf16_linear_ref
+from sglang_dflash.srt import cpu_linear
+
+OPS = kernels.ops()
+
+
+def case(M, K, N, bias, seed=0, lead=()):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, M, K, generator=g).bfloat16()
+    w = (torch.randn(N, K, generator=g) / K**0.5).bfloat16()
+    b = torch.randn(N, generator=g).bfloat16() if bias else None
+    return x, w, b
+
+
+def within_one_ulp(y, x, w, b):
+    """Each output within one bf16 step of the exact (float64) value: what an fp32 sum in any order
+    then one rounding to bf16 can give; a wrong row, column or tail is off by far more."""
+    exact = x.double() @ w.double().T + (b.double() if b is not None else 0)
+    ulp = torch.finfo(torch.bfloat16).eps * exact.abs().clamp_min(1e-3)
+    assert ((y.double() - exact).abs() <= ulp + 1e-6).all()
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 7, 16, 48])
+@pytest.mark.parametrize("K,N", [(64, 64), (576, 130), (24, 9), (20, 5), (8, 1)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_reference(M, K, N, bias):
+    x, w, b = case(M, K, N, bias, seed=M * 1000 + K + N)
+    y = OPS.bf16_linear(x, w, b)
+    ref = bf16_linear_ref(x, w, b)
+    assert y.dtype == torch.bfloat16 and y.shape == ref.shape
+    within_one_ulp(y, x, w, b)
+    assert (y == ref).float().mean() > 0.95  # the same fp32 sum, only the order differs
+
+
+def test_leading_dims_and_empty():
+    x, w, b = case(5, 64, 12, True, lead=(2,))
+    y = OPS.bf16_linear(x, w, b)
+    assert y.shape == (2, 5, 12)
+    within_one_ulp(y, x, w, b)
+    assert OPS.bf16_linear(x[:, :0], w, b).shape == (2, 0, 12)
+
+
+def test_opcheck():
+    torch.library.opcheck(OPS.bf16_linear, case(3, 64, 8, True))
+    torch.library.opcheck(OPS.bf16_linear, case(1, 64, 8, False))
+
+
+def test_bad_input_names_the_field():
+    x, w, _ = case(2, 64, 8, False)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        OPS.bf16_linear(x.float(), w, None)
+    with pytest.raises(RuntimeError, match=r"weight \[N, K\]"):
+        OPS.bf16_linear(x, w[:, :32], None)
+
+
+def test_hooks_route_only_when_enabled(monkeypatch):
+    calls = []
+
+    def original(self, layer, x, bias=None):
+        calls.append("torch")
+        return torch.nn.functional.linear(x, layer.weight, bias)
+
+    x, w, b = case(4, 64, 8, True)
+    layer = types.SimpleNamespace(weight=w)
+    monkeypatch.setenv("SGLANG_DFLASH_CPU_LINEAR", "0")
+    assert not cpu_linear.enable("cpu", torch.bfloat16)
+    cpu_linear.linear_apply(original, None, layer, x, b)
+    assert calls == ["torch"]
+    monkeypatch.setenv("SGLANG_DFLASH_CPU_LINEAR", "1")
+    assert not cpu_linear.enable("cpu", torch.float32) and not cpu_linear.enable("cuda", torch.bfloat16)
+    assert cpu_linear.enable("cpu", torch.bfloat16)
+    try:
+        y = cpu_linear.linear_apply(original, None, layer, x, b)
+        assert calls == ["torch"]  # not called again
+        within_one_ulp(y, x, w, b)
+        fp32_layer = types.SimpleNamespace(weight=w.float())
+        cpu_linear.linear_apply(original, None, fp32_layer, x.float(), None)  # an fp32 layer: torch's
+        assert calls == ["torch", "torch"]
+    finally:
+        monkeypatch.setenv("SGLANG_DFLASH_CPU_LINEAR", "0")
+        cpu_linear.enable("cpu", torch.bfloat16)
