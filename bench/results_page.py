@@ -27,6 +27,7 @@ from results_tables import (  # noqa: E402
     scale_out,
     served,
     step_profile,
+    cpu_linear,
     soak,
     spread,
     table,
@@ -99,7 +100,7 @@ def found_kinds() -> set[str]:
 def page(head_lines: list[str]) -> str:
     known = {"real_bench", "tiny_bench", "soak", "drafter_arms", "train_summary", "width_trace", "ops_cpu"}
     known |= {"draft_head", "sampling_bench", "train_step", "attention_bench", "draft_rope"}
-    known |= {"scale_out", "step_profile"} & found_kinds()
+    known |= {"scale_out", "step_profile", "cpu_linear"} & found_kinds()
     found = {os.path.basename(p)[: -len(".jsonl")] for p in glob.glob(os.path.join(RESULTS, "*.jsonl"))}
     assert found == known, (
         f"results files without a section here: {found - known}; sections without a file: {known - found}"
@@ -132,6 +133,17 @@ def page(head_lines: list[str]) -> str:
         *(
             ["## Where a served step goes (`step_profile.jsonl`, `python bench/step_profile.py`)", "", *step_profile()]
             if "step_profile" in known
+            else []
+        ),
+        *(
+            [
+                "## The target's GEMMs on CPU (`cpu_linear.jsonl`, `python bench/cpu_linear_bench.py`)",
+                "",
+                "ms per step of SmolLM2-135M's GEMMs (30 layers + LM head), weights streamed from memory.",
+                "",
+                *cpu_linear(),
+            ]
+            if "cpu_linear" in known
             else []
         ),
         "## Soak (`soak.jsonl`)",
