@@ -4,7 +4,7 @@ decoding draws, at the positions accepted drafts decide.
 N unseeded requests per setting (top-k at T=1, min-p at T=0.5), 8 new tokens each, to a plain server and to DFLASH
 servers under each proposal rule (`qall` with a reduced draft vocabulary (d2t), `q1`, `argmax`) with
 the width pinned to the block, and with the width pinned to 1. The `flat` drafter
-(testing/broken_drafter.flat_drafter) spreads q out (top-32 mass ~0.6 at T=1), so every broken rule
+(testing/broken_drafter.flat_drafter) spreads q out (its final norm scaled, testing/broken_drafter.py), so every broken rule
 changes what is drawn. Output positions 1..4 (after the
 prefill's token: verify-step draws, many of them accepted drafts) are compared with the plain
 server's own draws by a chi-square test of homogeneity (chi2.py); every DFLASH token the plain
