@@ -11,7 +11,7 @@ SERVE_DIR ?= $(HOME)/.cache/sglang_dflash/serve
 # sglang_dflash/cpu_serving.py (plain Python, runs before install); a value already set wins.
 $(foreach kv,$(shell $(PY) sglang_dflash/cpu_serving.py),$(eval export $(subst =, ?= ,$(kv))))
 
-.PHONY: install serve serve-tiny test test-fast lint bench bench-ops clean
+.PHONY: install serve serve-tiny test test-slow test-fast lint bench bench-ops clean
 
 install: $(STAMP)
 
@@ -39,7 +39,12 @@ serve-tiny: install
 	  --speculative-draft-model-path $(SERVE_DIR)/drafter --port $(PORT) --host 127.0.0.1 $(ARGS)
 
 test: install lint
-	$(VPY) -m pytest -q -x --timeout=1800 --durations=30 python_tests $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -x --timeout=1800 --durations=30 python_tests -m "not slow" $(PYTEST_ARGS)
+
+# The slow tier (scale-out behind SMG with a worker killed under load, the short soak): CI runs it
+# after `make test` (.ci/run); about 10 minutes on 2 cores.
+test-slow: install
+	$(VPY) -m pytest -q -x --timeout=1800 --durations=10 python_tests -m slow $(PYTEST_ARGS)
 
 # ruff: lint (pyflakes + pycodestyle errors) and the format check, settings in pyproject.toml
 lint: install

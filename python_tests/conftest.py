@@ -7,6 +7,9 @@ from sglang_dflash.testing.pairs import ROOT, pair as build_pair
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "server: starts a real SGLang server (slow)")
+    config.addinivalue_line(
+        "markers", "slow: the slow tier (`make test-slow`, run by CI after `make test`): scale-out, soak"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,8 @@ import requests
 from sglang_dflash.replicas import router_cmd, wait_workers, worker_env
 from sglang_dflash.testing.servers import LOG_DIR, Server, dflash_state, free_port, generate_all, launch, prompts, stop
 
+pytestmark = pytest.mark.slow  # the slow tier: `make test-slow`, run by CI after `make test`
+
 PROMPTS = prompts(16, seed=31, max_len=80)
 PREFIX = prompts(4, seed=32, max_len=300)[3]  # 300 tokens shared by a conversation
 NEW = 24

@@ -9,6 +9,8 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 
+pytestmark = pytest.mark.slow  # the slow tier: `make test-slow`, run by CI after `make test`
+
 
 @pytest.mark.server
 def test_short_soak(pair):
