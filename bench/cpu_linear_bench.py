@@ -14,27 +14,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]
+sys.path[:0] = [ROOT, os.path.join(ROOT, "bench"), os.path.join(ROOT, "bench", "checks")]
 import provenance  # noqa: E402
+from gpu_check import timeit  # noqa: E402  (the timing code of every bench here)
 from sglang_dflash import kernels  # noqa: E402
 
 OUT = os.path.join(ROOT, "bench", "results", "cpu_linear.jsonl")
 LAYERS = 30
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576), "lm_head": (576, 49152)}
-
-
-def timed(fn, min_s=0.3):
-    fn()
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < min_s or n < 3:
-        fn()
-        n += 1
-    return (time.perf_counter() - t0) / n
 
 
 def weights(dtype):
@@ -62,7 +53,7 @@ def step_ms(rows: int, arm: str, ws: dict) -> dict:
         else:
             xf = x.float()
             fn = lambda: [torch.nn.functional.linear(xf, w) for w in ws[name]]  # noqa: E731
-        per[name] = timed(fn) * 1e3
+        per[name] = timeit(fn, "cpu", reps=5) * 1e3
     return per
 
 

@@ -34,9 +34,8 @@ from sglang_dflash.pipeline.draft import Proposal, draft_sampling, propose
 from sglang_dflash.pipeline.grammar_mask import apply_masks, chain_masks
 from sglang_dflash.pipeline.penalties import apply_penalties
 from sglang_dflash.pipeline.target_sampling import target_tokens
-from sglang_dflash.srt import metrics as dflash_metrics
+from sglang_dflash.srt import cpu_linear, metrics as dflash_metrics
 from sglang_dflash.srt.draft_head import DraftHead
-from sglang_dflash.srt.cpu_linear import enable as enable_cpu_linear
 from sglang_dflash.srt.metrics import StageClock
 from sglang_dflash.srt.seeded_prefill import PreSampleLogits, reseed_first_tokens
 from sglang_dflash.srt.step_inputs import StepInputs, sampling_rows
@@ -77,6 +76,7 @@ class DFlashWorker(BaseSpecWorker):
         self.draft_head = DraftHead(runner.model.lm_head, self.drafter, self.vocab_size)
         self.draft_kv = None
         self.device_type = torch.device(self.device).type
+        self.cpu_gemm = cpu_linear.enable(self.device_type, runner.dtype)  # before any forward
         self.flashinfer_sampler = get_exec().kernel.sampling_backend in ("flashinfer", "intel_xpu")
         self.metrics = dflash_metrics.create(self.block_size)
         self.draft_steps = self.draft_failures = 0
@@ -90,7 +90,7 @@ class DFlashWorker(BaseSpecWorker):
             f"DFLASH served by sglang_dflash (ours): block_size={self.block_size} (drafter trained "
             f"{self.cfg.block_size}), drafter layers={self.cfg.num_layers}, target_layer_ids="
             f"{self.cfg.target_layer_ids}, mask_token_id={self.mask_token_id}, dtype={runner.dtype}, "
-            f"device={self.device}, {kind}, bf16 GEMMs by our CPU kernel: {enable_cpu_linear(self.device_type, runner.dtype)}"
+            f"device={self.device}, {kind}, bf16 GEMMs by our CPU kernel: {self.cpu_gemm}"
         )
 
     # ---- SGLang worker interface -------------------------------------------------------------
