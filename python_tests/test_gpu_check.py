@@ -71,3 +71,32 @@ def test_kernels_tier_needs_no_sglang():
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(bench))}
     p = subprocess.run([sys.executable, "-c", code], cwd=bench, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "extension", p.stderr[-2000:]
+
+
+def test_attention_takes_sdpa_output_in_gpu_layout(monkeypatch):
+    """CUDA's fused SDPA kernels return [bs, heads, L, d] laid out as [bs, L, heads, d] (a view of it
+    failed on the first H200 run); on CPU the output is contiguous, so the GPU layout is made here."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(4, 8, 64, generator=g), torch.randn(9, 2, 64, generator=g), torch.randn(9, 2, 64, generator=g)
+    want = attend_rows(q, k, v, 0.125)
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        F, "scaled_dot_product_attention", lambda *a, **kw: sdpa(*a, **kw).transpose(1, 2).contiguous().transpose(1, 2)
+    )
+    assert torch.equal(attend_rows(q, k, v, 0.125), want)
+
+
+def test_backend_row_asks_cuda_only_of_ops_with_a_cuda_kernel(monkeypatch):
+    """bf16_linear is a CPU kernel by design; every other op must have its CUDA kernel."""
+    has = {}
+    monkeypatch.setattr(gpu_check.kernels, "load", lambda: "extension")
+    monkeypatch.setattr(
+        torch._C, "_dispatch_has_kernel_for_dispatch_key", lambda op, key: has.setdefault((op, key), True)
+    )
+    assert gpu_check.check_backend("cuda")["ok"]
+    assert ("sglang_dflash::bf16_linear", "CUDA") not in has
+    assert {op for op, key in has if key == "CUDA"} == {f"sglang_dflash::{n}" for n in gpu_check.kernels.SCHEMAS} - {
+        "sglang_dflash::bf16_linear"
+    }

@@ -210,6 +210,7 @@ def check_backend(dev):
         f"{name}:{key}": torch._C._dispatch_has_kernel_for_dispatch_key(f"sglang_dflash::{name}", key)
         for name in kernels.SCHEMAS
         for key in keys
+        if key == "CPU" or name not in kernels.CPU_ONLY
     }
     return {
         "op": "backend",
@@ -231,12 +232,29 @@ def block_attention_rows(dev, quick):
     return rows + [check_block_attention(dev, bs, ctx, layout, dtype) for layout, dtype in served for bs, ctx in shapes]
 
 
+def warm(index: int):
+    """Build one FlashInfer JIT module (GPU_CASES[index], or the sampling kernels past the end) so
+    gpu_check.sh can build them all side by side while the extension compiles: one after another
+    they take most of the ten minutes on a machine without prebuilt kernels."""
+    if index < len(GPU_CASES):
+        layout, dtype = GPU_CASES[index]
+        H, Hkv, D = LAYOUTS[layout]
+        case = block_case("cuda", 2, 4, (H, Hkv, D), dtype)
+        block_attention("cuda", case, 16, H, D)(0, *case[-4:-1])
+    else:
+        check_sampling_order("cuda")
+    torch.cuda.synchronize()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "checks", "reports", "gpu_check_kernels.json"))
     ap.add_argument("--quick", action="store_true", help="small shapes (CI's CPU mode)")
+    ap.add_argument("--warm", type=int, help="only build FlashInfer JIT module #WARM (see warm())")
     a = ap.parse_args()
+    if a.warm is not None:
+        return warm(a.warm)
     dev = a.device
     rows = [check_backend(dev), check_accept(dev)]
     T = 256 if a.quick else 2048

@@ -26,6 +26,8 @@ SCHEMAS = {
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     "bf16_linear": "(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
 }
+# Ops with a CPU kernel only: on GPU the model's GEMMs are cuBLAS's, bf16_linear speeds up the CPU.
+CPU_ONLY = frozenset({"bf16_linear"})
 
 _state = {"loaded": False, "backend": None}
 

@@ -104,7 +104,7 @@ def batched_rows(
     if mask is not None and group > 1 and mask.shape[2] != 1:  # a [bs, 1, 1, K] mask broadcasts as is
         mask = mask.repeat(1, 1, group, 1)
     out = F.scaled_dot_product_attention(qf, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale)
-    return out.view(bs, heads, rows, -1).transpose(1, 2)
+    return out.reshape(bs, heads, rows, -1).transpose(1, 2)
 
 
 def slot_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, width: int) -> torch.Tensor:
