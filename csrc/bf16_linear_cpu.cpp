@@ -8,9 +8,9 @@
 //   M <= 2 (decode): stream W once, rows of W widened in registers, 8 output columns at a time.
 //   M > 2 (verify rows): widen 4 rows of W into an fp32 tile once, then 3 x rows x 4 W rows of
 //   fp32 dot products per pass over K (12 accumulators), so each widened W row serves all M rows.
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
-#include <torch/torch.h>
 
 #include <vector>
 

@@ -1,8 +1,8 @@
 // sglang_dflash ops: schemas (defined once, here) and the CPU implementations.
 // References: sglang_dflash/kernels/reference.py.
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
-#include <torch/torch.h>
 
 #include <cmath>
 #include <vector>
