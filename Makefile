@@ -11,7 +11,7 @@ SERVE_DIR ?= $(HOME)/.cache/sglang_dflash/serve
 # sglang_dflash/cpu_serving.py (plain Python, runs before install); a value already set wins.
 $(foreach kv,$(shell $(PY) sglang_dflash/cpu_serving.py),$(eval export $(subst =, ?= ,$(kv))))
 
-.PHONY: install serve serve-tiny test test-slow test-fast lint bench bench-ops clean
+.PHONY: install serve serve-tiny test test-slow test-fast lint bench bench-ops bench-peer clean
 
 install: $(STAMP)
 
@@ -63,3 +63,8 @@ bench-ops: install
 # Real model, side by side in one run: plain vs DFLASH (whole block, adaptive width), concurrency 1/4/16/32, T=0/1.
 bench: install
 	$(VPY) bench/real_bench.py $(BENCH_ARGS)
+
+# llama.cpp (llama-cpp-python, the same model in GGUF bf16, 1 and 2 threads) beside plain and DFLASH at
+# concurrency 1; builds the peer on first use (~8 min on 2 cores, cached in ~/.cache/sglang_dflash/peer).
+bench-peer: install
+	$(VPY) bench/peer_bench.py $(BENCH_ARGS)

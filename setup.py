@@ -55,14 +55,14 @@ if os.environ.get("SGLANG_DFLASH_BUILD_EXT", "1") != "0":
         print("sglang_dflash: building CUDA for TORCH_CUDA_ARCH_LIST=" + os.environ["TORCH_CUDA_ARCH_LIST"])
         ext = CUDAExtension(
             "sglang_dflash._C",
-            ["csrc/dflash_ops.cpp", "csrc/bf16_linear_cpu.cpp", "csrc/dflash_ops_cuda.cu"],
+            ["csrc/dflash_ops.cpp", "csrc/bf16_linear_cpu.cpp", "csrc/rope_cpu.cpp", "csrc/dflash_ops_cuda.cu"],
             depends=depends,
             extra_compile_args=flags,
         )
     else:
         ext = CppExtension(
             "sglang_dflash._C",
-            ["csrc/dflash_ops.cpp", "csrc/bf16_linear_cpu.cpp"],
+            ["csrc/dflash_ops.cpp", "csrc/bf16_linear_cpu.cpp", "csrc/rope_cpu.cpp"],
             depends=depends,
             extra_compile_args={"cxx": flags["cxx"]},
         )

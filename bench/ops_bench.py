@@ -1,5 +1,5 @@
 """CPU microbenchmark: each csrc/ op against its torch reference (5 drafter layers, 2048 tokens,
-head_dim 64 and 128), measured side by side in one run (the timing code is the GPU check's,
+head_dim 64 and 128; rope_qk at the embedded target's heads), measured side by side in one run (the timing code is the GPU check's,
 bench/checks/gpu_check.py). Appends one run to bench/results/ops_cpu.jsonl and prints its table."""
 
 from __future__ import annotations
@@ -12,21 +12,43 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "bench"), os.path.join(ROOT, "bench", "checks")]
 import provenance  # noqa: E402
-from gpu_check import check_accept, check_write  # noqa: E402
+from gpu_check import check_accept, check_write, timeit  # noqa: E402
+from sglang_dflash import kernels  # noqa: E402
+from sglang_dflash.kernels.reference import rope_qk_ref  # noqa: E402
 
 
 OUT = os.path.join(ROOT, "bench", "results", "ops_cpu.jsonl")
+
+
+def check_rope(T: int, hq=9, hk=3, head=64) -> dict:
+    """rope_qk vs SGLang's RotaryEmbedding.forward_native op sequence (rope_qk_ref), the embedded
+    target's heads, bf16: T tokens (1: a decode step; 16, 128: verify rows of a batch)."""
+    g = torch.Generator().manual_seed(T)
+    cache = torch.randn(4096, head, generator=g).bfloat16()
+    pos = torch.randint(0, 4096, (T,), generator=g)
+    q, k = torch.randn(T, hq * head, generator=g).bfloat16(), torch.randn(T, hk * head, generator=g).bfloat16()
+    op = kernels.ops().rope_qk
+    ok = all(
+        torch.equal(a, b) for a, b in zip(op(pos, q, k, cache, head, True), rope_qk_ref(pos, q, k, cache, head, True))
+    )
+    t_op = timeit(lambda: op(pos, q, k, cache, head, True), "cpu", reps=200)
+    t_ref = timeit(lambda: rope_qk_ref(pos, q, k, cache, head, True), "cpu", reps=200)
+    return {"op": "rope_qk", "tokens": T, "dtype": "torch.bfloat16", "ok": ok, "op_ms": t_op * 1e3, "ref_ms": t_ref * 1e3, "speedup": t_ref / t_op}  # fmt: skip
 
 
 def main(out=OUT):
     prov = provenance.stamp()  # before the run writes its result rows
     rows = [check_write("cpu", D, dt) for D in (64, 128) for dt in (torch.float32, torch.bfloat16)]
     rows.append(check_accept("cpu"))
+    rows += [check_rope(T) for T in (1, 16, 128)]
     keep = ("commit", "dirty", "dirty_files", "time", "host")
     provenance.append_rows(out, [{**r, **{k: prov[k] for k in keep}} for r in rows], prov)
     print("| op | shape | dtype | C++ ms | torch ref ms | speedup |\n|---|---|---|---|---|---|")
     for r in rows:
-        shape = f"L=5 T=2048 D={r['head_dim']}" if "head_dim" in r else f"bs={r['batch']} B={r['block']}"
+        if r["op"] == "rope_qk":
+            shape = f"T={r['tokens']} heads 9/3/64"
+        else:
+            shape = f"L=5 T=2048 D={r['head_dim']}" if "head_dim" in r else f"bs={r['batch']} B={r['block']}"
         print(
             f"| {r['op']} | {shape} | {r.get('dtype', 'int64').replace('torch.', '')} | {r['op_ms']:.2f} | "
             f"{r['ref_ms']:.2f} | {r['speedup']:.1f}x |"

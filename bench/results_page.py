@@ -35,6 +35,7 @@ from results_tables import (  # noqa: E402
     training,
     widths,
 )
+from results_gpu_peer import gpu_check, peer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -100,7 +101,7 @@ def found_kinds() -> set[str]:
 def page(head_lines: list[str]) -> str:
     known = {"real_bench", "tiny_bench", "soak", "drafter_arms", "train_summary", "width_trace", "ops_cpu"}
     known |= {"draft_head", "sampling_bench", "train_step", "attention_bench", "draft_rope"}
-    known |= {"scale_out", "step_profile", "cpu_linear"} & found_kinds()
+    known |= {"scale_out", "step_profile", "cpu_linear", "gpu_check_kernels", "peer_bench"} & found_kinds()
     found = {os.path.basename(p)[: -len(".jsonl")] for p in glob.glob(os.path.join(RESULTS, "*.jsonl"))}
     assert found == known, (
         f"results files without a section here: {found - known}; sections without a file: {known - found}"
@@ -144,6 +145,24 @@ def page(head_lines: list[str]) -> str:
                 *cpu_linear(),
             ]
             if "cpu_linear" in known
+            else []
+        ),
+        *(
+            [
+                "## llama.cpp beside us (`peer_bench.jsonl`, `make bench-peer`)",
+                "",
+                *peer(),
+            ]
+            if "peer_bench" in known
+            else []
+        ),
+        *(
+            [
+                "## GPU check, kernels tier (`gpu_check_kernels.jsonl`, `bench/checks/gpu_check.sh --kernels`)",
+                "",
+                *gpu_check(),
+            ]
+            if "gpu_check_kernels" in known
             else []
         ),
         "## Soak (`soak.jsonl`)",

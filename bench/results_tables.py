@@ -139,11 +139,17 @@ def training() -> list[str]:
 
 
 # ---- micro-benchmarks -----------------------------------------------------------------------------
+def micro_shape(r: dict) -> str:
+    if r["op"] == "rope_qk":
+        return f"T={r['tokens']}"
+    return f"D={r['head_dim']}" if "head_dim" in r else f"bs={r['batch']} B={r['block']}"
+
+
 def micro() -> list[str]:
     out = ["### C++ ops against their torch references (`ops_cpu.jsonl`)", ""]
     for run, rs in runs(rows("ops_cpu")).items():
         body = [
-            [r["op"], f"D={r['head_dim']}" if "head_dim" in r else f"bs={r['batch']} B={r['block']}"]
+            [r["op"], micro_shape(r)]
             + [r.get("dtype", "int64").replace("torch.", ""), f2(r["op_ms"]), f2(r["ref_ms"]), f"{r['speedup']:.1f}x"]
             for r in rs
         ]
@@ -236,7 +242,7 @@ def step_profile() -> list[str]:
     out = []
     for run, rs in runs(rows("step_profile")).items():
         stages = list(dict.fromkeys(s for r in rs for s in r["stages_ms_per_step"]))
-        cols = [f"{r['dtype']} W={r['width']} c={r['concurrency']}" for r in rs]
+        cols = [f"{r['dtype']}{' ' + r['arm'] if r.get('arm') else ''} W={r['width']} c={r['concurrency']}" for r in rs]
         body = [[s, *[f1(r["stages_ms_per_step"].get(s, 0.0)) for r in rs]] for s in stages]
         body.append(["**step**", *[f"**{f1(r['ms_per_step'])}**" for r in rs]])
         out += [f"Run `{run}` ({about(rs)}); ms per decode step, pinned verify width W, concurrency c:", ""]

@@ -92,7 +92,9 @@ def profile(srv, concurrency: int, seconds: float) -> dict:
         for line in f:
             stack, _, n = line.rstrip().rpartition(" ")
             frames = stack.split(";")
-            if frames[0].startswith("<module>"):  # the scheduler's main thread (not its watchdog or tqdm threads)
+            # The scheduler's main thread (not its watchdog or tqdm threads): spawned, its stack starts at
+            # <module>; forked from `python -m sglang.launch_server` (srt/fork_start.py), at runpy's two frames.
+            if any(f.startswith("<module>") for f in frames[:3]):
                 counts[stage_of(frames)] += int(n)
     os.remove(raw)
     total = sum(counts.values())
@@ -114,19 +116,30 @@ def main():
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--seconds", type=int, default=20)
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16"], help="each a run of its own servers, side by side")
+    ap.add_argument(
+        "--arms",
+        nargs="+",
+        default=["default"],
+        help="NAME or NAME:VAR=V,VAR=V: servers with these environment variables, side by side (before/after)",
+    )
     a = ap.parse_args()
     prov = stamp()
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "step_profile.jsonl")
     model, drafter = derive(), shipped_drafter()
     rows = []
+    arms = [(s.split(":")[0], dict(kv.split("=", 1) for kv in s.split(":", 1)[1].split(",") if kv)) for s in
+            [x if ":" in x else x + ":" for x in a.arms]]  # fmt: skip
     for dtype in a.dtypes:
         for w in a.widths:
-            env = {"SGLANG_DFLASH_WIDTH": str(w)}
-            with launch(model, drafter, dtype, env=env, name=f"profile-{dtype}-w{w}", check_drafts=False) as srv:
-                for c in a.concurrency:
-                    row = {"width": w, "concurrency": c, "dtype": dtype, **profile(srv, c, a.seconds)}
-                    rows.append({**row, **base_fields(prov)})
-                    print(json.dumps(row), flush=True)
+            for arm, extra in arms:
+                env = {"SGLANG_DFLASH_WIDTH": str(w), **extra}
+                name = f"profile-{dtype}-w{w}-{arm}"
+                with launch(model, drafter, dtype, env=env, name=name, check_drafts=False) as srv:
+                    for c in a.concurrency:
+                        row = {"width": w, "concurrency": c, "dtype": dtype, "arm": arm, "env": extra}
+                        row.update(profile(srv, c, a.seconds))
+                        rows.append({**row, **base_fields(prov)})
+                        print(json.dumps(row), flush=True)
     print("run", append_rows(out, rows, prov), "->", os.path.relpath(out))
     print(table(rows))
 
@@ -135,7 +148,7 @@ def table(rows) -> str:
     stages = [s for s, _ in STAGES] + ["other"]
     head = (
         "| stage (ms per step) | "
-        + " | ".join(f"{r['dtype']} W={r['width']} c={r['concurrency']}" for r in rows)
+        + " | ".join(f"{r['dtype']} {r.get('arm', '')} W={r['width']} c={r['concurrency']}" for r in rows)
         + " |"
     )
     lines = [head, "|---|" + "---:|" * len(rows)]

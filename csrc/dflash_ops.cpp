@@ -130,6 +130,8 @@ TORCH_LIBRARY(sglang_dflash, m) {
   m.def("linear_verify_accept(Tensor draft, Tensor target, Tensor prefix_lens, Tensor budget, Tensor stop_ids) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("bf16_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");  // CPU only: bf16_linear_cpu.cpp
+  m.def("rope_qk(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, bool neox) "
+        "-> (Tensor, Tensor)");  // CPU only: rope_cpu.cpp
 }
 
 TORCH_LIBRARY_IMPL(sglang_dflash, CPU, m) {

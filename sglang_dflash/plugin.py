@@ -9,7 +9,8 @@ Registers, lazily and idempotently:
 - CPU tensor parallelism (gloo groups without NCCL); a 400 for empty or out-of-vocabulary prompts;
 - where a grammar ends inside a verified run, the same tokens and finish as plain decoding;
 - on CPU, subprocesses forked rather than spawned (srt/fork_start.py: a faster start);
-- a DFLASH server's bf16 GEMMs on a CPU without native bf16 through our kernel (srt/cpu_linear.py).
+- a DFLASH server's bf16 GEMMs and rotary embedding on a CPU without native bf16 through our
+  kernels (srt/cpu_linear.py).
 """
 
 _registered = False
@@ -65,6 +66,11 @@ def register():
     HookRegistry.register(
         "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
         cpu_linear.compute_lm_head,
+        HookType.AROUND,
+    )
+    HookRegistry.register(
+        "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.forward_native",
+        cpu_linear.rope_forward,
         HookType.AROUND,
     )
 

@@ -1,8 +1,7 @@
 """The sglang_dflash ops: the C++/CUDA extension when built, else the torch references.
 
 `torch.ops.sglang_dflash.write_draft_kv` and `torch.ops.sglang_dflash.linear_verify_accept` exist
-after `load()`; the worker calls them on every device. `bf16_linear` is a CPU op (the target's
-bf16 GEMMs on hosts without native bf16, srt/cpu_linear.py).
+after `load()`; the worker calls them on every device. `bf16_linear` and `rope_qk` are CPU ops (the target's bf16 layers on hosts without native bf16, srt/cpu_linear.py).
 """
 
 from __future__ import annotations
@@ -25,9 +24,12 @@ SCHEMAS = {
     "linear_verify_accept": "(Tensor draft, Tensor target, Tensor prefix_lens, Tensor budget, Tensor stop_ids) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     "bf16_linear": "(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
+    "rope_qk": "(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, bool neox) "
+    "-> (Tensor, Tensor)",
 }
-# Ops with a CPU kernel only: on GPU the model's GEMMs are cuBLAS's, bf16_linear speeds up the CPU.
-CPU_ONLY = frozenset({"bf16_linear"})
+# Ops with a CPU kernel only: the target's bf16 GEMMs and rotary embedding on a CPU
+# (srt/cpu_linear.py); on GPU SGLang's own kernels run them.
+CPU_ONLY = frozenset({"bf16_linear", "rope_qk"})
 
 _state = {"loaded": False, "backend": None}
 
@@ -38,7 +40,8 @@ def _register_reference_ops():
         lib.define(name + schema)
     lib.impl("write_draft_kv", reference.write_draft_kv_ref, "CompositeExplicitAutograd")
     lib.impl("linear_verify_accept", reference.linear_verify_accept_ref, "CompositeExplicitAutograd")
-    lib.impl("bf16_linear", reference.bf16_linear_ref, "CompositeExplicitAutograd")
+    for name in CPU_ONLY:
+        lib.impl(name, getattr(reference, name + "_ref"), "CompositeExplicitAutograd")
     _state["lib"] = lib  # keep the registration alive
 
 
@@ -61,6 +64,10 @@ def _register_fakes():
     @torch.library.register_fake("sglang_dflash::bf16_linear")
     def _(x, weight, bias):
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    @torch.library.register_fake("sglang_dflash::rope_qk")
+    def _(positions, query, key, cos_sin_cache, head_size, neox):
+        return torch.empty_like(query), torch.empty_like(key)
 
 
 def load() -> str:

@@ -5,6 +5,7 @@ write_draft_kv: k_norm + RoPE on the context K of every drafter layer, then stor
 linear_verify_accept: longest matching prefix + bonus, cut by each request's token budget and
     stop tokens, in one call for the batch.
 bf16_linear: x @ W^T (+ b) of bf16 tensors, summed in fp32 and rounded to bf16 once (CPU only).
+rope_qk: SGLang's RotaryEmbedding.forward_native, bit for bit in bf16 (CPU only).
 """
 
 from __future__ import annotations
@@ -100,3 +101,23 @@ def bf16_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     if bias is not None:
         y = y + bias.float()
     return y.to(torch.bfloat16)
+
+
+def rope_qk_ref(positions, query, key, cos_sin_cache, head_size: int, neox: bool):
+    """SGLang's RotaryEmbedding.forward_native: positions [T]; query, key [T, heads * head_size] (or
+    [T, heads, head_size]); cos_sin_cache [max_pos, rotary_dim] (cos | sin) -> rotated (query, key),
+    cos/sin cast to the query's dtype and every op rounded to it, as torch computes it op by op."""
+    cos, sin = cos_sin_cache.index_select(0, positions.flatten()).chunk(2, dim=-1)
+    rd = cos_sin_cache.shape[-1]
+
+    def rotate(x):
+        shape = x.shape
+        x = x.reshape(positions.numel(), -1, head_size)
+        c, s = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
+        rot = x[..., :rd]
+        x1, x2 = rot.chunk(2, dim=-1) if neox else (rot[..., ::2], rot[..., 1::2])
+        o1, o2 = x1 * c - x2 * s, x2 * c + x1 * s
+        out = torch.cat((o1, o2), -1) if neox else torch.stack((o1, o2), -1).flatten(-2)
+        return torch.cat((out, x[..., rd:]), -1).reshape(shape)
+
+    return rotate(query), rotate(key)

@@ -136,8 +136,8 @@ def length_groups(keys: list[int], exact: bool = False) -> list[tuple[int, int, 
 
 
 class RowPlan(NamedTuple):
-    """What one batch's attention gathers: drafting shares it across layers, verify (called per layer by
-    SGLang) rebuilds it each layer (~0.3 ms at bs 32)."""
+    """What one batch's attention gathers, built once per forward and shared by its layers (drafting:
+    TorchBlockAttention; verify, called per layer by SGLang: kept on the forward batch)."""
 
     order: Optional[torch.Tensor]  # [bs] requests longest first (None: as given)
     inverse: Optional[torch.Tensor]  # [bs] undoes order
@@ -264,6 +264,10 @@ def verify_attention(
     q [bs*B, heads, d]; k_cache, v_cache [S, kv_heads, d]; kv_slots [bs, T] slot table (see slot_table,
     T >= max prefix + B); prefix [bs] committed lengths -> [bs*B, heads, d].
     """
-    block = q.shape[0] // kv_slots.shape[0]
-    plan = plan_rows(kv_slots, prefix.to(kv_slots.device), block, host_lengths(prefix), causal=True)
-    return attend_plan(plan, q, k_cache, v_cache, scale)
+    return attend_plan(verify_plan(kv_slots, prefix, q.shape[0] // kv_slots.shape[0]), q, k_cache, v_cache, scale)
+
+
+def verify_plan(kv_slots: torch.Tensor, prefix: torch.Tensor, block: int) -> RowPlan:
+    """What verify_attention gathers for kv_slots [bs, T] and prefix [bs]: one plan per forward, every
+    layer's attention reads the same rows."""
+    return plan_rows(kv_slots, prefix.to(kv_slots.device), block, host_lengths(prefix), causal=True)

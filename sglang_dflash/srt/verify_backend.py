@@ -7,7 +7,7 @@ from __future__ import annotations
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
-from sglang_dflash.pipeline.attention import slot_table, verify_attention
+from sglang_dflash.pipeline.attention import RowPlan, attend_plan, slot_table, verify_plan
 
 
 def verify_forward(target_worker, batch, draft, positions, slots):
@@ -68,24 +68,32 @@ def torch_native_verify(backend, q, k, v, layer, forward_batch, save_kv_cache=Tr
         backend.token_to_kv_pool.set_kv_buffer(
             layer, KVWriteLoc(forward_batch.out_cache_loc, backend.swa_out_cache_loc), k, v
         )
-    bs = forward_batch.batch_size
-    block = q.shape[0] // bs
+    q_ = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
+    out = attend_plan(
+        _verify_plan(backend, forward_batch, q.shape[0] // forward_batch.batch_size),
+        q_,
+        backend.token_to_kv_pool.get_key_buffer(layer.layer_id),
+        backend.token_to_kv_pool.get_value_buffer(layer.layer_id),
+        layer.scaling,
+    )
+    return out.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+
+
+def _verify_plan(backend, forward_batch, block: int) -> RowPlan:
+    """The rows every layer of this verify forward gathers: the same slots, prefixes and block for all
+    of them, so built at the first layer and kept on the forward batch (a new one every step)."""
+    cached = getattr(forward_batch, "_dflash_verify_plan", None)
+    if cached is not None and cached[0] == block:
+        return cached[1]
     prefix = forward_batch.seq_lens  # [bs]
     host = forward_batch.seq_lens_cpu
     if prefix.is_cpu or host is None:
-        width = int(prefix.max()) + block  # free on CPU; elsewhere the one device sync per layer
+        width = int(prefix.max()) + block  # free on CPU; elsewhere one device sync per forward
     else:
         # No device sync. SGLang's seq_lens_cpu is the prefix, but verify_forward bumps it to
         # prefix + B for the attention plan: + B bounds it either way (extra columns are masked).
         width = int(host.max()) + block
     slots = slot_table(backend.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, width)
-    q_ = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
-    out = verify_attention(
-        q_,
-        backend.token_to_kv_pool.get_key_buffer(layer.layer_id),
-        backend.token_to_kv_pool.get_value_buffer(layer.layer_id),
-        slots,
-        prefix,
-        layer.scaling,
-    )
-    return out.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+    plan = verify_plan(slots, prefix, block)
+    forward_batch._dflash_verify_plan = (block, plan)
+    return plan

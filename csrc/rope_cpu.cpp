@@ -1,0 +1,68 @@
+// rope_qk on CPU for bf16 q/k: SGLang's RotaryEmbedding.forward_native (rotary_embedding/base.py +
+// utils.apply_rotary_emb) in one pass over the rows instead of ~25 torch ops a layer, with its rounding
+// points kept: cos/sin rounded to bf16, then each product and each sum rounded to bf16 as bf16 torch
+// does op by op, so the result is bit-identical. Reference: sglang_dflash/kernels/reference.py (rope_qk_ref).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+namespace {
+
+using bf16 = at::BFloat16;
+
+inline float r16(float v) { return static_cast<float>(bf16(v)); }  // one bf16 rounding
+
+// x [T, heads, head_size] rows -> out, rotating the first rd dims of every head of token t.
+void rotate(const bf16* x, bf16* out, int64_t t, int64_t heads, int64_t head_size, int64_t rd, const float* cs,
+            bool neox) {
+  const int64_t half = rd / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    const bf16* xi = x + (t * heads + h) * head_size;
+    bf16* o = out + (t * heads + h) * head_size;
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+      const float x1 = static_cast<float>(xi[a]), x2 = static_cast<float>(xi[b]);
+      const float c = cs[i], s = cs[half + i];
+      o[a] = bf16(r16(x1 * c) - r16(x2 * s));
+      o[b] = bf16(r16(x2 * c) + r16(x1 * s));
+    }
+    for (int64_t i = rd; i < head_size; ++i) o[i] = xi[i];
+  }
+}
+
+}  // namespace
+
+// positions [T] int; query [T, Hq * head_size] or [T, Hq, head_size] bf16, key likewise with Hk heads;
+// cos_sin_cache [max_pos, rd] (cos | sin halves, any float dtype) -> (query, key) rotated, new tensors.
+std::tuple<at::Tensor, at::Tensor> rope_qk_cpu(const at::Tensor& positions, const at::Tensor& query,
+                                               const at::Tensor& key, const at::Tensor& cos_sin_cache,
+                                               int64_t head_size, bool neox) {
+  TORCH_CHECK(query.scalar_type() == at::kBFloat16 && key.scalar_type() == at::kBFloat16,
+              "rope_qk: query and key must be bfloat16, got ", query.scalar_type(), " and ", key.scalar_type());
+  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.size(1) % 2 == 0 && cos_sin_cache.size(1) <= head_size,
+              "rope_qk: cos_sin_cache must be [max_pos, rotary_dim] with an even rotary_dim <= head_size ",
+              head_size, ", got ", cos_sin_cache.sizes());
+  const int64_t T = positions.numel(), rd = cos_sin_cache.size(1);
+  TORCH_CHECK(T == 0 || (query.numel() % (T * head_size) == 0 && key.numel() % (T * head_size) == 0),
+              "rope_qk: query ", query.sizes(), " and key ", key.sizes(), " must hold ", T,
+              " tokens of whole heads of head_size ", head_size);
+  const at::Tensor pos = positions.reshape({-1}).to(at::kLong).contiguous();
+  // cos/sin as bf16 torch sees them (`.to(x.dtype)`), widened back for the products.
+  const at::Tensor cs = cos_sin_cache.index_select(0, pos).to(at::kBFloat16).to(at::kFloat).contiguous();
+  const at::Tensor q = query.contiguous(), k = key.contiguous();
+  at::Tensor qo = at::empty_like(q), ko = at::empty_like(k);
+  if (T == 0) return {qo.view(query.sizes()), ko.view(key.sizes())};
+  const int64_t hq = q.numel() / (T * head_size), hk = k.numel() / (T * head_size);
+  const float* csp = cs.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      rotate(q.data_ptr<bf16>(), qo.data_ptr<bf16>(), t, hq, head_size, rd, csp + t * rd, neox);
+      rotate(k.data_ptr<bf16>(), ko.data_ptr<bf16>(), t, hk, head_size, rd, csp + t * rd, neox);
+    }
+  });
+  return {qo.view(query.sizes()), ko.view(key.sizes())};
+}
+
+TORCH_LIBRARY_IMPL(sglang_dflash, CPU, m) { m.impl("rope_qk", &rope_qk_cpu); }
