@@ -146,6 +146,7 @@ def main():
                 "ttft_p50": sorted(x for r in rs for x in r["ttft"])[len(batch) * len(rs) // 2],
                 "llama_cpp_python": LLAMA_CPP_PYTHON if name.startswith("llama.cpp") else None,
                 "label": a.label,
+                **provenance.base_fields(prov),
             }
         )
     run_name = provenance.append_rows(a.out, rows, prov)

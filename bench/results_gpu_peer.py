@@ -31,6 +31,6 @@ def peer() -> list[str]:
         base = next(k[3:] for k in rs[0] if k.startswith("vs_") and not k.endswith(("_min", "_max", "_stdev", "_runs")))
         body = [[r["config"], f"{f1(r['tok_s'])} ({f1(r['tok_s_min'])}-{f1(r['tok_s_max'])})", f1(r["ms_per_token"]), f"{f2(r['vs_' + base])}x"] for r in rs]  # fmt: skip
         n = rs[0]
-        out += [f"Run `{run}` ({about(rs)}); {n['requests']} held-out prompts, {n['max_new_tokens']} new tokens each, concurrency 1, greedy:", ""]  # fmt: skip
+        out += [f"Run `{run}` ({about(rs)}); {n['requests']} held-out prompts, {n['max_new_tokens']} new tokens each, concurrency 1, greedy, {n.get('method', '')}:", ""]  # fmt: skip
         out += table(["arm", "tok/s (min-max)", "ms/token", f"vs {base}"], body) + [""]
     return out
