@@ -1,7 +1,8 @@
 """`make bench-peer`: our servers beside llama.cpp on the embedded model, side by side in one run.
 
 Arms, concurrency 1, the held-out prompts of `make bench`, greedy, every request exactly
---max-new-tokens new tokens (EOS ignored on every side), tok/s = new tokens / wall clock with prefill:
+--max-new-tokens new tokens (EOS ignored on every side; --stop-at-eos: every side stops at the
+model's EOS), tok/s = new tokens / wall clock with prefill:
 - `llama.cpp-bf16-t1`, `llama.cpp-bf16-t2`: llama-cpp-python (the same model converted to GGUF in
   bf16) with one and two threads;
 - `plain`: SGLang without speculation; `adaptive`: our DFLASH server (the shipped drafter). Both get
@@ -71,10 +72,10 @@ def gguf_for(model: str) -> str:
     return out
 
 
-def llama_row(py: str, gguf: str, threads: int, batch: list[list[int]], max_new: int) -> dict:
+def llama_row(py: str, gguf: str, threads: int, batch: list[list[int]], max_new: int, eos: list[int]) -> dict:
     p = subprocess.run(
         [py, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_llama.py"),
-         "--gguf", gguf, "--threads", str(threads), "--max-new", str(max_new)],
+         "--gguf", gguf, "--threads", str(threads), "--max-new", str(max_new), "--eos", *map(str, eos)],
         input=json.dumps(batch), capture_output=True, text=True, check=True,
     )  # fmt: skip
     outs = json.loads(p.stdout)
@@ -86,15 +87,26 @@ def llama_row(py: str, gguf: str, threads: int, batch: list[list[int]], max_new:
     }
 
 
-def server_row(model, draft, dtype, name, batch, max_new, match_sched, rep) -> dict:
+def server_row(model, draft, dtype, name, batch, max_new, match_sched, rep, ignore_eos) -> dict:
     from sglang_dflash.testing.servers import launch
 
     d, extra, env = provenance.arm(name, draft, ["--enable-metrics"], match_sched)
     with launch(model, d, dtype, extra=extra, env=env, name=f"peer-bench-{name}-r{rep}") as srv:
         warm_up(srv, batch, [0.0])
-        r = run(srv, batch, 1, max_new, 0.0, ignore_eos=True)
+        r = run(srv, batch, 1, max_new, 0.0, ignore_eos=ignore_eos)
     r.pop("metas")
     return r
+
+
+def eos_ids(model: str, tok) -> list[int]:
+    """The ids SGLang stops at: the generation config's eos_token_id(s), else the tokenizer's."""
+    try:
+        with open(os.path.join(model, "generation_config.json")) as f:
+            ids = json.load(f).get("eos_token_id")
+    except OSError:
+        ids = None
+    ids = tok.eos_token_id if ids is None else ids
+    return [ids] if isinstance(ids, int) else list(ids)
 
 
 def main():
@@ -104,6 +116,11 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--label")
+    ap.add_argument(
+        "--stop-at-eos",
+        action="store_true",
+        help="every side stops at the model's EOS (default: exactly --max-new-tokens)",
+    )
     ap.add_argument("--out", default=os.path.join(RESULTS, "peer_bench.jsonl"))
     provenance.add_method_args(ap)
     a = ap.parse_args()
@@ -114,16 +131,18 @@ def main():
     from sglang_dflash.embedded import derive
 
     model, draft = derive(), shipped_drafter()
-    batch = heldout_prompts(AutoTokenizer.from_pretrained(model), a.requests)
+    tok = AutoTokenizer.from_pretrained(model)
+    batch = heldout_prompts(tok, a.requests)
+    eos = eos_ids(model, tok) if a.stop_at_eos else []
     needs_peer = any(arm.startswith("llama.cpp") for arm in a.arms)
     py, gguf = (peer_python(), gguf_for(model)) if needs_peer else (None, None)
     runs = []
     for rep in range(a.repeats):
         for name in provenance.arm_order(a.arms, rep):
             if name.startswith("llama.cpp"):
-                r = llama_row(py, gguf, int(name.rsplit("-t", 1)[1]), batch, a.max_new_tokens)
+                r = llama_row(py, gguf, int(name.rsplit("-t", 1)[1]), batch, a.max_new_tokens, eos)
             else:
-                r = server_row(model, draft, a.dtype, name, batch, a.max_new_tokens, a.match_sched, rep)
+                r = server_row(model, draft, a.dtype, name, batch, a.max_new_tokens, a.match_sched, rep, not eos)
             r.update(config=name, repeat=rep, concurrency=1, temperature=0.0)
             print(json.dumps({k: r[k] for k in ("config", "repeat", "tok_s")}), flush=True)
             runs.append(r)
@@ -146,6 +165,7 @@ def main():
                 "ttft_p50": sorted(x for r in rs for x in r["ttft"])[len(batch) * len(rs) // 2],
                 "llama_cpp_python": LLAMA_CPP_PYTHON if name.startswith("llama.cpp") else None,
                 "label": a.label,
+                "method": f"{'stops at EOS' if eos else 'EOS ignored'}, {a.repeats} repeats ABBA",
                 **provenance.base_fields(prov),
             }
         )

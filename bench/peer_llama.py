@@ -1,6 +1,7 @@
 """llama.cpp side of bench/peer_bench.py. Runs in the peer venv (llama-cpp-python only, no torch):
-reads token-id prompts (JSON list) on stdin, generates exactly --max-new tokens greedily for each
-(Llama.generate does not stop at EOS, like `ignore_eos` on our side), prints per-prompt timings."""
+reads token-id prompts (JSON list) on stdin, generates up to --max-new tokens greedily for each
+(exactly that many unless --eos ids are given: Llama.generate itself never stops at EOS, like
+`ignore_eos` on our side), prints per-prompt timings."""
 
 import argparse
 import json
@@ -15,6 +16,7 @@ def main():
     ap.add_argument("--gguf", required=True)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--max-new", type=int, required=True)
+    ap.add_argument("--eos", type=int, nargs="*", default=[], help="stop at these token ids (default: never)")
     a = ap.parse_args()
     prompts = json.load(sys.stdin)
     llm = Llama(a.gguf, n_ctx=4096, n_threads=a.threads, n_threads_batch=a.threads, verbose=False)
@@ -24,7 +26,7 @@ def main():
         for tok in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
             first = first or time.perf_counter()
             n += 1
-            if n >= n_new:
+            if n >= n_new or int(tok) in a.eos:
                 break
         t1 = time.perf_counter()
         return {"tokens": n, "wall_s": t1 - t0, "ttft_s": first - t0}
