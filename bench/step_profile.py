@@ -106,6 +106,12 @@ def profile(srv, concurrency: int, seconds: float) -> dict:
     }
 
 
+def parse_arm(spec: str) -> tuple[str, dict]:
+    """ "NAME" or "NAME:VAR=V,VAR=V" -> (NAME, {VAR: V})."""
+    name, _, assigns = spec.partition(":")
+    return name, dict(kv.split("=", 1) for kv in assigns.split(",") if kv)
+
+
 def main():
     from sglang_dflash.drafters import shipped_drafter
     from sglang_dflash.embedded import derive
@@ -127,8 +133,7 @@ def main():
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "step_profile.jsonl")
     model, drafter = derive(), shipped_drafter()
     rows = []
-    arms = [(s.split(":")[0], dict(kv.split("=", 1) for kv in s.split(":", 1)[1].split(",") if kv)) for s in
-            [x if ":" in x else x + ":" for x in a.arms]]  # fmt: skip
+    arms = [parse_arm(s) for s in a.arms]
     for dtype in a.dtypes:
         for w in a.widths:
             for arm, extra in arms:

@@ -56,10 +56,12 @@ std::tuple<at::Tensor, at::Tensor> rope_qk_cpu(const at::Tensor& positions, cons
   if (T == 0) return {qo.view(query.sizes()), ko.view(key.sizes())};
   const int64_t hq = q.numel() / (T * head_size), hk = k.numel() / (T * head_size);
   const float* csp = cs.data_ptr<float>();
+  const bf16 *qp = q.data_ptr<bf16>(), *kp = k.data_ptr<bf16>();
+  bf16 *qop = qo.data_ptr<bf16>(), *kop = ko.data_ptr<bf16>();
   at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      rotate(q.data_ptr<bf16>(), qo.data_ptr<bf16>(), t, hq, head_size, rd, csp + t * rd, neox);
-      rotate(k.data_ptr<bf16>(), ko.data_ptr<bf16>(), t, hk, head_size, rd, csp + t * rd, neox);
+      rotate(qp, qop, t, hq, head_size, rd, csp + t * rd, neox);
+      rotate(kp, kop, t, hk, head_size, rd, csp + t * rd, neox);
     }
   });
   return {qo.view(query.sizes()), ko.view(key.sizes())};

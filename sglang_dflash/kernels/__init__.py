@@ -1,7 +1,8 @@
 """The sglang_dflash ops: the C++/CUDA extension when built, else the torch references.
 
 `torch.ops.sglang_dflash.write_draft_kv` and `torch.ops.sglang_dflash.linear_verify_accept` exist
-after `load()`; the worker calls them on every device. `bf16_linear` and `rope_qk` are CPU ops (the target's bf16 layers on hosts without native bf16, srt/cpu_linear.py).
+after `load()`; the worker calls them on every device. `bf16_linear` and `rope_qk` are CPU ops (the
+target's bf16 layers on hosts without native bf16, srt/cpu_linear.py).
 """
 
 from __future__ import annotations

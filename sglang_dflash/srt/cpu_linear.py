@@ -6,7 +6,8 @@ step_profile.py: 60-85% of a served step), while fp32 FMAs on bf16 weights widen
 several times faster and read half the bytes of fp32 weights (csrc/bf16_linear_cpu.cpp). The DFLASH
 worker turns this on at start-up (`enable`) for a bf16 target on such a host; SGLang's linear layers
 and LM head then call the op, its rotary embeddings the fused one (one pass instead of ~25 torch
-ops a layer, bit-identical: ~8% of a width-1 step, bench/step_profile.py). A plain server (no DFLASH worker) is left as SGLang made it.
+ops a layer, bit-identical: ~8% of a width-1 step, bench/step_profile.py). A plain server (no
+DFLASH worker) is left as SGLang made it.
 SGLANG_DFLASH_CPU_LINEAR: auto (on where oneDNN has no native bf16), 1 (on for any bf16 CPU target),
 0 (off).
 """
