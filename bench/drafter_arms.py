@@ -38,7 +38,7 @@ from sglang_dflash.embedded import derive  # noqa: E402
 from sglang_dflash.model.config import parse_drafter_config  # noqa: E402
 from sglang_dflash.model.draft_vocab import d2t_from_ids, ids_from_d2t  # noqa: E402
 from sglang_dflash.model.drafter import DFlashDrafter  # noqa: E402
-from sglang_dflash.train.blocks import walk_counts  # noqa: E402
+from sglang_dflash.train.blocks import accepted_per_anchor, walk  # noqa: E402
 from sglang_dflash.model.checkpoint import load_exported  # noqa: E402
 from sglang_dflash.train.features import load_seqs  # noqa: E402
 from sglang_dflash.train.target_files import load_embedding  # noqa: E402
@@ -144,11 +144,12 @@ def main():
         d, cfg, mask, dv = load(path, model)
         dms = {w: draft_ms(cfg, embed, w) for w in cost if isinstance(w, int) and w <= cfg.block_size}
         for wd, held in sets.items():
+            runs = accepted_per_anchor(d, embed, mask, cfg.block_size, held, a.max_answer, vocab=dv)  # once per set
             row = {"name": name, "path": path, "layers": cfg.num_layers, "block": cfg.block_size}
             row.update(heldout_set=wd, heldout=len(held), max_answer=a.max_answer, costs_commit=cost["commit"])
             row.update(training=training(path), widths={})
             for w, dm in dms.items():
-                counts = walk_counts(d, embed, mask, cfg.block_size, held, a.max_answer, widths=[w], vocab=dv)
+                counts = [walk(acc, start, end, [w]) for acc, start, end in runs]
                 tau = sum(t for t, _ in counts) / max(sum(b for _, b in counts), 1)
                 verify, other = cost[w]
                 speed = tau * cost["itl_plain"] / (verify + dm + other)

@@ -5,6 +5,12 @@ function", "continue this text") that the run's features stage did not reach. Th
 drafter does on prompts unlike its templates (issue 14: the shipped drafter generalised poorly).
 
     python bench/unseen_set.py --from WORKDIR [WORKDIR2 ...] [--seen-prefix 0:2944] --out UNSEEN_DIR
+    python bench/unseen_set.py --fresh --per-family 55 --out UNSEEN_DIR
+
+--fresh: kinds of text no training run has ever read (corpus.py reads Python and /usr/share/doc
+only): C headers under /usr/include, JavaScript under /usr/lib/node_modules, the Python reference
+topics (pydoc_data) to continue, and chat questions about those topics; unseen by construction,
+whatever runs a drafter descends from.
 
 A drafter warm-started through several runs has seen the documents of all of them: pass every
 run's workdir to --from, and --seen-prefix SEED:N for a run whose features are not on this machine
@@ -46,9 +52,68 @@ def pick(srcs: list[str], per_family: int, seed: int = 0, seen_prefix: list[str]
     return out
 
 
+def _opening(path: str, lines: int = 30) -> str | None:
+    """The first `lines` lines of a source file with enough body after them, else None."""
+    try:
+        text = open(path, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError):
+        return None
+    rows = text.splitlines()
+    if len(rows) < 2 * lines or max(map(len, rows[:lines]), default=0) > 200:  # short or minified
+        return None
+    return "\n".join(rows[:lines])
+
+
+def fresh(per_family: int, seed: int = 0) -> list[dict]:
+    """per_family prompts of each fresh kind: {"id", "family", "messages": [user]}; deterministic."""
+    import glob
+    import hashlib
+
+    from pydoc_data.topics import topics
+
+    fams: dict[str, list[str]] = {"c-header": [], "javascript": [], "pydoc": [], "chat": []}
+    for fam, pat, lang in (
+        ("c-header", "/usr/include/**/*.h", "c"),
+        ("javascript", "/usr/lib/node_modules/**/*.js", "js"),
+    ):
+        for path in sorted(glob.glob(pat, recursive=True)):
+            head = _opening(path)
+            if head:
+                fams[fam].append(
+                    f"Continue this {'C header' if lang == 'c' else 'JavaScript file'}:\n```{lang}\n{head}\n```"
+                )
+    for name in sorted(topics):
+        paras = [p.strip() for p in topics[name].split("\n\n") if len(p.strip()) > 80]
+        if len(paras) >= 3:
+            fams["pydoc"].append(f"Continue this Python documentation:\n\n{paras[0][:600]}")
+            fams["chat"].append(
+                f'In Python, what is "{name.replace("-", " ")}" about? Explain it with a short example.'
+            )
+    out = []
+    for fam, users in fams.items():
+        for user in random.Random(f"{seed}-{fam}").sample(users, min(per_family, len(users))):
+            h = hashlib.sha1(user.encode()).hexdigest()[:16]
+            out.append({"id": f"fresh-{h}", "family": f"fresh-{fam}", "messages": [{"role": "user", "content": user}]})
+    return out
+
+
+def fresh_rows(per_family: int, model: str) -> list[dict]:
+    """fresh() as unseen rows: {"id", "source", "family", "prompt_ids"} (the chat template applied)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    rows = []
+    for d in fresh(per_family):
+        ids = tok.apply_chat_template(d["messages"], tokenize=True, add_generation_prompt=True)
+        ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
+        rows.append({"id": d["id"].removeprefix("fresh-"), "family": d["family"], "prompt_ids": ids})
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--from", dest="src", nargs="+", required=True, help="training workdirs (text.jsonl, features/)")
+    ap.add_argument("--from", dest="src", nargs="+", help="training workdirs (text.jsonl, features/)")
+    ap.add_argument("--fresh", action="store_true", help="kinds of text no training run reads (fresh())")
     ap.add_argument("--seen-prefix", nargs="*", default=[], help="SEED:N, a run's documents not on this machine")
     ap.add_argument("--out", required=True)
     ap.add_argument("--per-family", type=int, default=24)
@@ -58,7 +123,9 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     model, path = derive(), os.path.join(a.out, "data.jsonl")
     done = done_ids(path)
-    picked = pick(a.src, a.per_family, seen_prefix=a.seen_prefix)
+    if a.fresh == bool(a.src):
+        ap.error("give --from WORKDIR ... or --fresh")
+    picked = fresh_rows(a.per_family, model) if a.fresh else pick(a.src, a.per_family, seen_prefix=a.seen_prefix)
     with open(os.path.join(a.out, "picked.jsonl"), "w") as f:
         f.writelines(json.dumps({"id": "unseen-" + r["id"], "source": r["id"]}) + "\n" for r in picked)
     todo = [r for r in picked if "unseen-" + r["id"] not in done]

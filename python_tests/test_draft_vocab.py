@@ -125,13 +125,20 @@ def test_features_label_text_with_the_targets_argmax(target):
 
     model = load_target(target, torch.float32)
     tokens = torch.randint(3, 300, (20,), generator=torch.Generator().manual_seed(0))
-    feats, labels = sequence_features(model, tokens, [1, 2], label_from=8)
+    feats, labels, soft = sequence_features(model, tokens, [1, 2], label_from=8, topk=5, topk_from=6)
     with torch.no_grad():
-        want = model(input_ids=tokens[None]).logits[0].argmax(-1)
+        logits = model(input_ids=tokens[None]).logits[0].float()
+    want = logits.argmax(-1)
     assert (labels[:8] == -100).all() and torch.equal(labels[8:], want[8:])
     assert feats.shape == (20, 2 * model.config.hidden_size)
-    _, nxt = sequence_features(model, tokens, [1, 2])
-    assert torch.equal(nxt[:-1], tokens[1:]) and nxt[-1] == -100
+    # the distillation targets: the target's own top 5 and their log-probabilities, answer part only
+    ids, logp = soft
+    ref_logp, ref_ids = logits.log_softmax(-1).topk(5, dim=-1)
+    assert (ids[:6] == -1).all() and torch.isinf(logp[:6]).all()
+    assert torch.equal(ids[6:].long(), ref_ids[6:]) and torch.allclose(logp[6:], ref_logp[6:], atol=1e-5)
+    assert torch.equal(ids[8:, 0].long(), labels[8:])  # the hard label is the top-1
+    _, nxt, none = sequence_features(model, tokens, [1, 2])
+    assert torch.equal(nxt[:-1], tokens[1:]) and nxt[-1] == -100 and none is None
 
 
 def test_corpus_is_ours_deterministic_and_train_only():

@@ -111,6 +111,50 @@ def test_fused_head_loss_equals_weighted_cross_entropy(dtype):
     assert float((h2.grad - h1.grad).abs().max()) < 0.1 * float(h1.grad.abs().max())
 
 
+@pytest.mark.parametrize("alpha", [0.5, 1.0])
+def test_fused_head_loss_distils_to_the_targets_top_k(alpha):
+    """With the target's top-k as soft targets (trainer --distil), the fused loss and gradient equal
+    F.cross_entropy to the dense mix (1 - alpha) onehot + alpha p; a row without a distribution
+    (sums to 0) keeps the hard label alone; top-k tokens the head lacks drop out, renormalised."""
+    import torch.nn.functional as F
+
+    from sglang_dflash.train.head_loss import head_cross_entropy, soft_rows
+
+    g = torch.Generator().manual_seed(1)
+    V, N, K = 300, 45, 6
+    head = torch.randn(V, 16, generator=g) * 0.3
+    h0 = torch.randn(N, 16, generator=g)
+    tgt = torch.randint(0, V, (N,), generator=g)
+    tgt[::7] = -100
+    w = torch.exp(-(torch.arange(N) % 15) / 4.0)
+    token_ids = torch.stack([torch.randperm(400, generator=g)[:K] for _ in range(N)]).int()  # some >= V
+    token_ids[::4] = -1  # rows without a distribution
+    logp = torch.randn(N, K, generator=g).log_softmax(-1) - 0.2  # top-k: less than all the mass
+    remap = torch.full((400,), -100)
+    remap[:V] = torch.arange(V)
+    ids, p = soft_rows(token_ids, logp, remap)
+    kept = (token_ids >= 0) & (token_ids < V)
+    assert torch.allclose(p.sum(-1), kept.any(-1).float(), atol=1e-6) and (p[~kept] == 0).all()
+
+    dense = torch.zeros(N, V).scatter_add_(1, ids, p)
+    has = (p.sum(-1) > 0).float()[:, None]
+    mix = (1 - alpha * has) * F.one_hot(tgt.clamp(min=0), V).float() + alpha * has * dense
+
+    def ref(h):
+        ce = F.cross_entropy(h @ head.t(), mix, reduction="none")
+        m = w * (tgt >= 0)
+        return (ce * m).sum() / m.sum()
+
+    h1, h2 = h0.clone().requires_grad_(), h0.clone().requires_grad_()
+    want, got = ref(h1), head_cross_entropy(h2, head, tgt, w, chunk=16, soft=(ids, p), alpha=alpha)
+    want.backward(), got.backward()
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(h2.grad, h1.grad, rtol=1e-5, atol=1e-6)
+    plain = head_cross_entropy(h0, head, tgt, w, chunk=16)  # alpha 0 or no soft: the hard loss
+    assert torch.equal(plain, head_cross_entropy(h0, head, tgt, w, chunk=16, soft=(ids, p), alpha=0.0))
+    assert not torch.allclose(plain, got)
+
+
 def test_features_take_answers_first_and_label_text_with_the_argmax(tmp_path):
     """Answers (the target's own tokens) are featurized before text documents, and a text
     document's labels are the target's argmax over its answer part (-100 before it)."""

@@ -133,6 +133,33 @@ def test_tiny_reduced_vocab_training_and_export(tmp_path):
         train_run(wd, target, block_size=8, init_from=str(tmp_path / "drafter"), **kw)
 
 
+def test_tiny_distillation_training(tmp_path):
+    """--distil: the features stage stores the target's top-k per answer position (ids -1 before),
+    the trainer mixes it with the hard label over a reduced vocabulary (top-k tokens outside it
+    dropped) and still learns the answers; features without a top-k are refused by name."""
+    import glob
+
+    torch.set_num_threads(1)
+    target = str(tiny_model_cache("llama", "float32"))
+    wd = _tiny_workdir(tmp_path)
+    features.run(wd, target, num_context_layers=1, shard_size=6, dtype=torch.float32, topk=8)
+    shard = torch.load(sorted(glob.glob(os.path.join(wd, "features", "shard_*.pt")))[0])
+    assert shard["topk_ids"].shape == (shard["tokens"].shape[0], 8) and shard["topk_ids"].dtype == torch.int32
+    first, end = int(shard["answer_start"][0]), int(shard["offsets"][1])  # the shard's first sequence
+    assert (shard["topk_ids"][:first] == -1).all() and (shard["topk_ids"][first:end] >= 0).all()
+    kw = dict(num_layers=1, block_size=4, lr=1e-2, anchors=8, seqs=4, ckpt_minutes=100, resume=False)
+    kw.update(eval_anchors=40, command="test", draft_vocab=16)
+    out = train_run(wd, target, steps=200, distil=0.5, **kw)
+    assert out["loss_last"] < 0.5 * out["loss_first"] and out["best_tau"] > 1.5, out
+    with open(os.path.join(wd, "train_summary.json")) as f:
+        assert json.load(f)["distil"] == 0.5
+    (tmp_path / "bare").mkdir()
+    bare = _tiny_workdir(tmp_path / "bare")
+    features.run(bare, target, num_context_layers=1, shard_size=6, dtype=torch.float32, topk=0)
+    with pytest.raises(ValueError, match="--distil needs features with the target's top-k"):
+        train_run(bare, target, steps=2, distil=0.5, **kw)
+
+
 def test_mix_interpolates_one_chains_drafters(tmp_path):
     """train mix: (1 - w) x parent + w x child, tensor by tensor, d2t copied (never averaged), the
     child's config beside it; drafters with different draft vocabularies are refused by name."""

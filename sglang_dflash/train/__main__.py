@@ -46,6 +46,7 @@ def main(argv=None):
     ap.add_argument("--workdir", default="train_run")
     ap.add_argument("--model", default=None, help="target HF folder (default: the embedded SmolLM2)")
     ap.add_argument("--deadline", default=None, help="HH:MM UTC (the next one to come); every stage respects it")
+    ap.add_argument("--train-minutes", type=float, help="train: stop after this many minutes (an arm's budget)")
     ap.add_argument("--n", type=int, default=3000, help="prompts to generate answers for")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--datagen-minutes", type=float, default=25.0, help="datagen stops after this")
@@ -57,6 +58,7 @@ def main(argv=None):
         default=1,
         help="all: 1 = datagen beside the features; N = N processes, then features",
     )
+    ap.add_argument("--datagen-draft", help="datagen through DFLASH with this drafter (same chains, faster)")
     ap.add_argument("--shard", type=int, default=0, help="datagen: this process's shard of --shards")
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--num-layers", type=int, default=2)
@@ -68,6 +70,7 @@ def main(argv=None):
     ap.add_argument("--anchors", type=int, default=8, help="anchors per training sequence")
     ap.add_argument("--seqs", type=int, default=16, help="sequences per training step")
     ap.add_argument("--negatives", type=int, default=8192, help="sampled out-of-answer-vocab negatives per step")
+    ap.add_argument("--distil", type=float, default=0.0, help="weight of the target's top-k distribution (0: off)")
     ap.add_argument("--gamma", type=float, default=4.0, help="loss weight of block position k: exp(-(k-1)/gamma)")
     ap.add_argument("--ckpt-minutes", type=float, default=3.0)
     ap.add_argument("--features-minutes", type=float, default=30.0, help="features stop after this")
@@ -108,6 +111,9 @@ def main(argv=None):
 
         a.model = derive()
     deadline = parse_deadline(a.deadline)
+    if a.train_minutes:  # an exact budget (equal-budget arms), the export margin not taken from it
+        deadline = time.time() + a.train_minutes * 60 + (a.export_margin_minutes if a.stage == "all" else 0) * 60
+        a.export_margin_minutes = a.export_margin_minutes if a.stage == "all" else 0.0
     cmd = "python -m sglang_dflash.train " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
     print("reproduce:", cmd, file=sys.stderr, flush=True)
     os.makedirs(a.workdir, exist_ok=True)
@@ -139,6 +145,7 @@ def main(argv=None):
             shards=a.shards,
             source=a.prompts,
             exclude=held,
+            draft=a.datagen_draft,
         )
     if a.stage in ("all", "features"):
         from sglang_dflash.train import features
@@ -151,6 +158,7 @@ def main(argv=None):
             argv_gen += ["--datagen-minutes", str((gen_stop - time.time()) / 60), "--deadline", hhmm]
             argv_gen += ["--min-train-minutes", "0", "--export-margin-minutes", "0", "--shards", str(a.datagen_procs)]
             argv_gen += ["--prompts", a.prompts] + (["--exclude-docs", a.exclude_docs] if a.exclude_docs else [])
+            argv_gen += ["--datagen-draft", a.datagen_draft] if a.datagen_draft else []
             # one OpenMP thread whatever the caller exported: two spinning threads beside the
             # features' thread on 2 cores cut datagen from 86 to 30 tokens/s (cpu_serving.py)
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -205,6 +213,7 @@ def main(argv=None):
                 extra_features=a.extra_features,
                 warmup=a.warmup_steps,
                 keep_draft_vocab=a.keep_draft_vocab,
+                distil=a.distil,
             )
         )
     if a.stage in ("all", "export"):

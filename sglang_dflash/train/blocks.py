@@ -24,6 +24,8 @@ class Seq:
     feats: torch.Tensor  # [T, K*H] target features (bf16)
     answer_start: int  # first answer position
     labels: torch.Tensor | None = None  # [T] the target's greedy token after t (None: tokens[t + 1])
+    topk_ids: torch.Tensor | None = None  # [T, k] int32 the target's top-k after t (-1: none)
+    topk_logp: torch.Tensor | None = None  # [T, k] their log-probabilities
 
 
 def sample_anchors(seqs: list[Seq], n: int, block: int, g: torch.Generator, spread: bool = False):
@@ -63,6 +65,19 @@ def block_inputs(seq: Seq, anchors: torch.Tensor, block: int, mask_token_id: int
     chain = torch.cat([torch.ones_like(inside[:, :1]), on_chain[lpos[:, :-1]].cumprod(1).bool()], 1)  # [A, B-1]
     targets = torch.where(inside & chain, labels[lpos], torch.full_like(lpos, -100))
     return ids, pos, targets
+
+
+def block_soft(batch, block: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """batch [(seq, anchors [A])] -> the target's top-k after each position block row j predicts
+    (ids [n, B-1, k], log-probs [n, B-1, k], rows in block_hidden's order), or None when a sequence
+    has none stored. Rows block_inputs gives no label are masked by the loss's weights."""
+    if any(seq.topk_ids is None for seq, _ in batch):
+        return None
+    ids, logp = [], []
+    for seq, anchors in batch:
+        lpos = (anchors[:, None] + torch.arange(block - 1)[None, :]).clamp(max=seq.tokens.shape[0] - 1)
+        ids.append(seq.topk_ids[lpos]), logp.append(seq.topk_logp[lpos])
+    return torch.cat(ids), torch.cat(logp)
 
 
 def block_mask(anchors: torch.Tensor, ctx_len: int, block: int) -> torch.Tensor:
@@ -148,6 +163,48 @@ def _accepted(
 
 
 @torch.no_grad()
+def accepted_per_anchor(
+    drafter: DFlashDrafter,
+    embed: torch.Tensor,
+    mask_token_id: int,
+    block: int,
+    seqs: list[Seq],
+    max_answer: int | None = None,
+    autocast: bool = True,
+    head: torch.Tensor | None = None,
+    vocab: torch.Tensor | None = None,
+) -> list[tuple[list[int], int, int]]:
+    """Per sequence (accepted drafts at every answer anchor, answer start, walk end): the drafter's
+    part of a walk, computed once however many width schedules walk it. head [V, H]: an untied LM
+    head (default: embed, the tied one); vocab: a reduced draft vocabulary's token ids."""
+    out = []
+    for s in seqs:
+        end = s.tokens.shape[0] if max_answer is None else min(s.tokens.shape[0], s.answer_start + max_answer)
+        anchors = torch.arange(s.answer_start, end - 1)
+        if not anchors.numel():
+            out.append(([], s.answer_start, end))
+            continue
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            hidden, targets = block_hidden(drafter, embed, mask_token_id, block, [(s, anchors)])
+        out.append((_accepted(hidden, targets, embed if head is None else head, vocab).tolist(), s.answer_start, end))
+    return out
+
+
+def walk(acc: list[int], start: int, end: int, widths: Sequence[int] | None = None) -> tuple[int, int]:
+    """Walk one answer as greedy speculative decoding would (a block at the answer start, the next
+    one after the accepted tokens + bonus) -> (committed tokens, blocks); (0, 0) with no anchor.
+    widths: verify widths cycled per step (serving's debug width cycle; default: the block)."""
+    p, tokens, blocks_n = start, 0, 0
+    while acc and p < end - 1:
+        a = acc[p - start]
+        if widths:  # the block is drafted whole; only its first W rows are verified
+            a = min(a, widths[blocks_n % len(widths)] - 1)
+        tokens += min(a + 1, end - p)
+        blocks_n += 1
+        p += a + 1
+    return tokens, blocks_n
+
+
 def walk_counts(
     drafter: DFlashDrafter,
     embed: torch.Tensor,
@@ -160,31 +217,9 @@ def walk_counts(
     widths: Sequence[int] | None = None,
     vocab: torch.Tensor | None = None,
 ) -> list[tuple[int, int]]:
-    """Walk each answer as greedy speculative decoding would (a block at the answer start, the next
-    one after the accepted tokens + bonus) -> [(committed tokens, blocks)] per sequence (0, 0 when
-    the answer has < 2 tokens). head [V, H]: an untied LM head (default: embed, the tied one).
-    widths: verify widths cycled per step (serving's debug width cycle; default: the block)."""
-    out = []
-    for s in seqs:
-        end = s.tokens.shape[0] if max_answer is None else min(s.tokens.shape[0], s.answer_start + max_answer)
-        anchors = torch.arange(s.answer_start, end - 1)
-        if not anchors.numel():
-            out.append((0, 0))
-            continue
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            hidden, targets = block_hidden(drafter, embed, mask_token_id, block, [(s, anchors)])
-        acc = _accepted(hidden, targets, embed if head is None else head, vocab).tolist()
-        p = s.answer_start
-        tokens = blocks_n = 0
-        while p < end - 1:
-            a = acc[p - s.answer_start]
-            if widths:  # the block is drafted whole; only its first W rows are verified
-                a = min(a, widths[blocks_n % len(widths)] - 1)
-            tokens += min(a + 1, end - p)
-            blocks_n += 1
-            p += a + 1
-        out.append((tokens, blocks_n))
-    return out
+    """walk() over every sequence -> [(committed tokens, blocks)] (accepted_per_anchor's arguments)."""
+    runs = accepted_per_anchor(drafter, embed, mask_token_id, block, seqs, max_answer, autocast, head, vocab)
+    return [walk(acc, start, end, widths) for acc, start, end in runs]
 
 
 def walk_tau(

@@ -2,7 +2,8 @@
 
 python -m sglang_dflash.train datagen --workdir W [--n N] [--deadline HH:MM]
 
-Plain decoding (no speculation), temperature 0. Writes W/data.jsonl, one line per prompt:
+Plain decoding, temperature 0; with `--datagen-draft DRAFTER` through our DFLASH worker instead
+(lossless, so the same greedy chains, at the speculative rate). Writes W/data.jsonl, one line per prompt:
 {"id", "family", "split", "prompt_ids": [...], "answer_ids": [...]} (answer_ids as generated, the
 final <|im_end|> included when the model stopped). Resumable: ids already in any answer file are
 skipped. On CPU the Engine runs with the settings of sglang_dflash/cpu_serving.py.
@@ -45,7 +46,8 @@ def shard_prompts(
     return [p for i, p in enumerate(prompts) if i % shards == shard and p["id"] not in done]
 
 
-def make_engine(model: str, dtype: str, max_total_tokens: int):
+def make_engine(model: str, dtype: str, max_total_tokens: int, draft: str | None = None):
+    """SGLang's offline Engine for the target; with draft (a drafter folder) DFLASH speculation."""
     import torch
 
     from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
@@ -54,6 +56,8 @@ def make_engine(model: str, dtype: str, max_total_tokens: int):
     import sglang
 
     kw = dict(model_path=model, dtype=dtype, log_level="warning", random_seed=0)
+    if draft:
+        kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=draft)
     if not torch.cuda.is_available():
         from sglang_dflash.cpu_serving import engine_kwargs, set_cpu_env
 
@@ -76,9 +80,10 @@ def run(
     shards: int = 1,
     source: str = "templates",
     exclude=frozenset(),
+    draft: str | None = None,
 ) -> dict:
     """Generate answers for the first n prompts (this shard's) of `source` (shard_prompts); stop
-    starting new batches after `deadline` (epoch s)."""
+    starting new batches after `deadline` (epoch s); draft: decode with DFLASH speculation."""
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
@@ -90,7 +95,7 @@ def run(
     if not todo:
         return stats
     tok = AutoTokenizer.from_pretrained(model)
-    eng = make_engine(model, dtype, max_total_tokens)
+    eng = make_engine(model, dtype, max_total_tokens, draft)
     sp = {"max_new_tokens": max_new_tokens, "temperature": 0}
     t0 = time.time()
     bar = tqdm(total=len(todo), unit="seq", desc="datagen", mininterval=5)

@@ -4,10 +4,13 @@ Reads W/data.jsonl (the target's answers; datagen shards' data.K.jsonl too) and 
 (HF transformers, `output_hidden_states=True`) over prompt + answer one sequence at a time (no
 padding), and writes W/features/shard_NNNNN.pt:
 {"ids": [str], "split": [str], "offsets": int64 [n+1], "answer_start": int64 [n],
- "tokens": int64 [sum T], "feats": bf16 [sum T, K*H], "labels": int64 [sum T]} (rows of sequence i:
+ "tokens": int64 [sum T], "feats": bf16 [sum T, K*H], "labels": int64 [sum T],
+ "topk_ids": int32 [sum T, k], "topk_logp": float32 [sum T, k]} (rows of sequence i:
 offsets[i]:offsets[i+1]). labels[t] is the target's greedy token after position t: the next token
 for datagen's answers (they are the target's greedy output), the argmax of the same forward's
-logits over a text document's answer part (-100 where there is none).
+logits over a text document's answer part (-100 where there is none). topk_*: the target's k most
+likely next tokens after t and their log-probabilities (T=1; the rest of the mass is
+1 - sum(exp)), answer positions only (ids -1 before): the distillation targets (trainer --distil).
 The layer-id convention comes from sglang_dflash.model.config only. Resumable: ids already in a shard are
 skipped; with follow_pid it keeps polling data.jsonl while that (datagen) process is alive.
 """
@@ -37,23 +40,41 @@ def load_target(model: str, dtype=torch.bfloat16, keep_layers: int | None = None
     return m
 
 
+TOPK = 32  # distillation targets kept per position (the rest of the mass as one number)
+
+
 @torch.inference_mode()
 def sequence_features(
-    target, tokens: torch.Tensor, layer_ids: list[int], label_from: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    target,
+    tokens: torch.Tensor,
+    layer_ids: list[int],
+    label_from: int | None = None,
+    topk: int = 0,
+    topk_from: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     """tokens [T] -> features [T, K*H] (the outputs of decoder layers `layer_ids`, z-lab ids,
-    concatenated in the order given: the order fc expects) and labels [T]: the next token, or with
-    label_from the target's argmax at positions >= label_from (-100 before), from the same forward."""
+    concatenated in the order given: the order fc expects), labels [T]: the next token, or with
+    label_from the target's argmax at positions >= label_from (-100 before), and with topk > 0 the
+    target's topk most likely next tokens at positions >= topk_from: (ids int32 [T, topk], -1
+    before; log-probs float32 [T, topk], -inf before), all from the same forward."""
     hs = target.model(input_ids=tokens[None], output_hidden_states=True).hidden_states
     last = len(hs) - 1  # HF applies the final norm to this one: never use it as a feature
     idx = [hf_hidden_state_index(i) for i in layer_ids]
     assert max(idx) < last, f"layer ids {layer_ids} need more layers than the {last} kept"
     feats = torch.cat([hs[i][0] for i in idx], dim=-1)
     labels = torch.cat([tokens[1:], torch.tensor([-100])])
+    need = [x for x in (label_from, topk_from if topk else None) if x is not None]
+    start = min(need, default=len(tokens))
+    logits = target.lm_head(hs[last][0, start:]).float() if need else None  # [T - start, V]
     if label_from is not None:
         labels = torch.full_like(tokens, -100)
-        labels[label_from:] = target.lm_head(hs[last][0, label_from:]).argmax(-1)
-    return feats, labels
+        labels[label_from:] = logits[label_from - start :].argmax(-1)
+    soft = None
+    if topk:
+        logp, ids = logits[topk_from - start :].log_softmax(-1).topk(topk, dim=-1)
+        soft = (torch.full((len(tokens), topk), -1, dtype=torch.int32), torch.full((len(tokens), topk), -torch.inf))
+        soft[0][topk_from:], soft[1][topk_from:] = ids.int(), logp
+    return feats, labels, soft
 
 
 def layer_ids_for(model: str, num_context_layers: int) -> list[int]:
@@ -78,7 +99,9 @@ def read_new(workdir: str, done: set) -> list[dict]:
     return [r for r in rows if r["id"] not in done and r["answer_ids"]]
 
 
-def write_shard(fdir: str, recs: list[dict], feats: list[torch.Tensor], labels: list[torch.Tensor]) -> str:
+def write_shard(
+    fdir: str, recs: list[dict], feats: list[torch.Tensor], labels: list[torch.Tensor], soft: list | None = None
+) -> str:
     n = len(glob.glob(os.path.join(fdir, "shard_*.pt")))
     lens = [f.shape[0] for f in feats]
     shard = {
@@ -90,6 +113,8 @@ def write_shard(fdir: str, recs: list[dict], feats: list[torch.Tensor], labels: 
         "feats": torch.cat(feats).to(torch.bfloat16),
         "labels": torch.cat(labels),
     }
+    if soft and all(x is not None for x in soft):
+        shard["topk_ids"], shard["topk_logp"] = torch.cat([i for i, _ in soft]), torch.cat([p for _, p in soft])
     path = os.path.join(fdir, f"shard_{n:05d}.pt")
     torch.save(shard, path + ".tmp")
     os.replace(path + ".tmp", path)
@@ -120,10 +145,12 @@ def run(
     dtype=torch.bfloat16,
     deadline: float | None = None,
     skip: set | frozenset = frozenset(),
+    topk: int = TOPK,
 ) -> dict:
     """Featurize every new row; with a deadline (epoch s) stop starting shards after it. skip: ids
     not to featurize (earlier runs' text documents, whose ids are content hashes, when their
-    features are reused through --extra-features)."""
+    features are reused through --extra-features). topk: distillation targets per answer position
+    (0: none)."""
     fdir = os.path.join(workdir, "features")
     os.makedirs(fdir, exist_ok=True)
     ids = layer_ids_for(model, num_context_layers)
@@ -149,11 +176,13 @@ def run(
                 torch.tensor(r["prompt_ids"] + r["answer_ids"]),
                 ids,
                 len(r["prompt_ids"]) if r.get("labels") == "argmax" else None,
+                topk,
+                len(r["prompt_ids"]),
             )
             for r in chunk
         ]
-        feats = [f for f, _ in out]
-        write_shard(fdir, chunk, feats, [lab for _, lab in out])
+        feats = [f for f, _, _ in out]
+        write_shard(fdir, chunk, feats, [lab for _, lab, _ in out], [s for _, _, s in out])
         done.update(r["id"] for r in chunk)
         stats["sequences"] += len(chunk)
         stats["tokens"] += sum(f.shape[0] for f in feats)
@@ -172,11 +201,14 @@ def _shard_seqs(fdir: str):
     for f in sorted(glob.glob(os.path.join(fdir, "shard_*.pt"))):
         s = torch.load(f)
         o = s["offsets"].tolist()
-        labels = s.get("labels")
+        labels, tk_ids, tk_logp = s.get("labels"), s.get("topk_ids"), s.get("topk_logp")
         for i, sid in enumerate(s["ids"]):
             r = slice(o[i], o[i + 1])
             lab = None if labels is None else labels[r]
-            yield s["split"][i], Seq(sid, s["tokens"][r], s["feats"][r], int(s["answer_start"][i]), lab)
+            seq = Seq(sid, s["tokens"][r], s["feats"][r], int(s["answer_start"][i]), lab)
+            if tk_ids is not None:
+                seq.topk_ids, seq.topk_logp = tk_ids[r], tk_logp[r]
+            yield s["split"][i], seq
 
 
 def load_seqs(workdir: str, extra: list[str] | tuple = (), per_dir: dict | None = None) -> tuple[list[Seq], list[Seq]]:

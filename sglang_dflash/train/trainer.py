@@ -25,9 +25,9 @@ from sglang_dflash.model.config import parse_drafter_config
 from sglang_dflash.model.drafter import DFlashDrafter
 from sglang_dflash.model.draft_vocab import coverage, d2t_from_ids, most_frequent
 from sglang_dflash.train.corpus import ID_PREFIX
-from sglang_dflash.train.blocks import Seq, block_hidden, eval_tau, sample_anchors, walk_tau
+from sglang_dflash.train.blocks import Seq, block_hidden, block_soft, eval_tau, sample_anchors, walk_tau
 from sglang_dflash.train.features import load_seqs
-from sglang_dflash.train.head_loss import head_cross_entropy
+from sglang_dflash.train.head_loss import head_cross_entropy, soft_rows
 from sglang_dflash.train.target_files import drafter_config_dict, load_embedding, load_target_tensor, mask_token_id_for
 from sglang_dflash.train.warm_start import parent_vocab, warm_start
 
@@ -58,7 +58,9 @@ class TrainConfig:
     init_from: an exported drafter folder to start from (warm_start.py); a resumed last.pt wins.
     extra_features: earlier runs' workdirs whose train split is trained on too (load_seqs).
     keep_draft_vocab: the init_from drafter's draft vocabulary instead of this run's N most frequent.
-    warmup: steps of linear lr warm-up (a warm start's parent ended at 10% of its peak lr)."""
+    warmup: steps of linear lr warm-up (a warm start's parent ended at 10% of its peak lr).
+    distil: the weight of the target's own top-k distribution (features' topk) beside the hard
+    label (head_loss.py); 0 trains on the hard labels alone."""
 
     workdir: str
     model: str
@@ -83,6 +85,7 @@ class TrainConfig:
     extra_features: Sequence[str] = ()
     warmup: int = 60
     keep_draft_vocab: bool = False
+    distil: float = 0.0
 
 
 class _Run:
@@ -188,7 +191,13 @@ class _Run:
         # [V_sub + neg, H]; targets index the first V_sub. Without negatives it never changes: gathered once.
         head = self.embed[torch.cat([self.vocab, negs])].to(torch.bfloat16) if negs.numel() else self.fixed_head
         n, k, h = hidden.shape  # the head's logits are most of a step: fused, chunked (head_loss.py)
-        loss = head_cross_entropy(hidden.reshape(n * k, h), head, tgt.flatten(), self.weights.expand(n, k).flatten())
+        soft = block_soft(batch, c.block_size) if c.distil else None
+        if c.distil and soft is None:
+            raise ValueError("--distil needs features with the target's top-k (features stage of this version)")
+        if soft is not None:  # [n*k, K] head rows and their probabilities
+            soft = soft_rows(soft[0].flatten(0, 1), soft[1].flatten(0, 1), self.remap)
+        w = self.weights.expand(n, k).flatten()
+        loss = head_cross_entropy(hidden.reshape(n * k, h), head, tgt.flatten(), w, soft=soft, alpha=c.distil)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 1.0)
@@ -206,7 +215,7 @@ class _Run:
         c, held = self.c, self.held
         summary = dict(out, anchors_per_step=c.anchors * c.seqs, train_seqs=len(self.train), heldout_seqs=len(held))
         summary |= dict(gamma=c.gamma, draft_vocab=self.draft_vocab, no_text=c.no_text, init_from=c.init_from, lr=c.lr)
-        summary |= dict(warmup=c.warmup, keep_draft_vocab=c.keep_draft_vocab)
+        summary |= dict(warmup=c.warmup, keep_draft_vocab=c.keep_draft_vocab, distil=c.distil, anchors=c.anchors)
         summary |= dict(extra_features=list(c.extra_features), train_seqs_by_workdir=self.per_dir)
         summary |= dict(walk_seqs=min(c.walk_seqs, len(held)), label_coverage=coverage(self.counts, self.vocab))
         return summary | dict(threads=torch.get_num_threads(), command=c.command, history=self.st["history"])

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The drafter's levers as arms at an equal budget, from nothing on a fresh machine (docs/training.md,
+# "Levers at an equal budget"). Every stage is resumable: rerun the same command after a stop.
+#
+#   bench/drafter_levers.sh WORKDIR [MINUTES_PER_ARM] [ARM ...]
+#
+# 1. unseen: 220 prompts of kinds no training run reads (C headers, JavaScript, Python reference
+#    topics, chat questions; bench/unseen_set.py --fresh), the target's greedy answers, features.
+# 2. data: the corpus documents (argmax labels, with the target's top-32 for distillation) and
+#    1,000 templated prompts answered by the target; the two datagen shards run side by side, one
+#    plain and one through DFLASH (same chains), so their answer tokens/s compare the two.
+# 3. arms, each MINUTES_PER_ARM of training (one at a time, two threads), warm-started from the
+#    shipped drafter: recipe (its last warm start's settings), grow4 (4 layers grown from it, copy
+#    init), distil (--distil 0.5), shape (gamma 7, 32 anchors x 4 sequences per step).
+# 4. bench/drafter_arms.py over parent + arms on the templated held-out answers and the unseen set.
+set -euo pipefail
+W=${1:?usage: bench/drafter_levers.sh WORKDIR [MINUTES_PER_ARM] [ARM ...]}
+M=${2:-10}
+shift $(($# < 2 ? $# : 2))
+ARMS=${*:-recipe grow4 distil shape}
+PY=${PYTHON:-.venv/bin/python}
+PARENT=sglang_dflash/drafters/smollm2-135m-instruct-dflash
+T="$PY -m sglang_dflash.train"
+mkdir -p "$W"
+log() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
+
+log unseen set
+OMP_NUM_THREADS=1 $PY bench/unseen_set.py --fresh --per-family 55 --out "$W/unseen"
+
+log corpus + templated answers
+$T corpus --workdir "$W/data"
+if [ ! -e "$W/data/datagen.done" ]; then
+  OMP_NUM_THREADS=1 $T datagen --workdir "$W/data" --n 1000 --seed 9 --shard 0 --shards 2 \
+    --datagen-minutes 30 > "$W/data/datagen.0.log" 2>&1 &
+  OMP_NUM_THREADS=1 $T datagen --workdir "$W/data" --n 1000 --seed 9 --shard 1 --shards 2 \
+    --datagen-minutes 30 --datagen-draft "$PARENT" > "$W/data/datagen.1.log" 2>&1
+  wait
+  touch "$W/data/datagen.done"
+fi
+grep -h '^datagen: {' "$W"/data/datagen.*.log >&2 || true
+$T features --workdir "$W/data" --features-minutes 12 --min-train-minutes 0
+
+COMMON=(--seed 9 --keep-draft-vocab --lr 3e-4 --warmup-steps 200 --ckpt-minutes 3)
+for arm in $ARMS; do
+  A="$W/arm-$arm"
+  [ -e "$A/train_summary.json" ] && { log "arm $arm: done"; continue; }
+  mkdir -p "$A"
+  ln -sfn "$(cd "$W/data" && pwd)/features" "$A/features"
+  init=$PARENT
+  extra=()
+  case $arm in
+    recipe) ;;
+    grow4) $T grow --drafter "$PARENT" --num-layers 4 --grow-init copy --out "$W/grow4"
+           init=$W/grow4; extra=(--num-layers 4) ;;
+    distil) extra=(--distil 0.5) ;;
+    shape) extra=(--gamma 7 --anchors 32 --seqs 4) ;;
+    *) echo "unknown arm $arm" >&2; exit 2 ;;
+  esac
+  log "arm $arm: $M minutes"
+  $T train --workdir "$A" --init-from "$init" "${COMMON[@]}" --train-minutes "$M" "${extra[@]}" \
+    > "$A/train.log" 2>&1
+done
+
+log walks
+cands=(parent="$PARENT")
+for arm in $ARMS; do cands+=("$arm=$W/arm-$arm/ckpt/last.pt"); done
+OMP_NUM_THREADS=1 $PY bench/drafter_arms.py --workdir "$W/data" "$W/unseen" -- "${cands[@]}"
