@@ -133,10 +133,14 @@ def main():
     ap.add_argument("--workdir", nargs="+", required=True, help="held-out sets: workdirs whose features hold them")
     ap.add_argument("--costs", default=os.path.join(RESULTS, "real_bench.jsonl"))
     ap.add_argument("--max-answer", type=int, default=128)
+    ap.add_argument("--set-names", nargs="*", default=[], help="names of the --workdir sets (default: folder names)")
+    ap.add_argument("--label", default="", help="what the run compares (the results page's heading)")
     a = ap.parse_args()
     torch.set_num_threads(2)  # the walks; draft_ms times on one
     model, prov, cost = derive(), provenance.stamp(), costs(a.costs)
     sets = {w: load_seqs(w)[1] for w in a.workdir}
+    names = a.set_names or [os.path.basename(os.path.normpath(w)) for w in a.workdir]
+    set_names = dict(zip(a.workdir, names))  # never a machine's absolute path in the results
     embed = load_embedding(model)
     rows = []
     for cand in a.candidates:
@@ -145,8 +149,10 @@ def main():
         dms = {w: draft_ms(cfg, embed, w) for w in cost if isinstance(w, int) and w <= cfg.block_size}
         for wd, held in sets.items():
             runs = accepted_per_anchor(d, embed, mask, cfg.block_size, held, a.max_answer, vocab=dv)  # once per set
-            row = {"name": name, "path": path, "layers": cfg.num_layers, "block": cfg.block_size}
-            row.update(heldout_set=wd, heldout=len(held), max_answer=a.max_answer, costs_commit=cost["commit"])
+            inside = not os.path.relpath(path).startswith("..")  # a repository path; else the arm's name
+            row = {"name": name, "path": os.path.relpath(path) if inside else name, "layers": cfg.num_layers}
+            row.update(block=cfg.block_size, heldout_set=set_names[wd], heldout=len(held), label=a.label)
+            row.update(max_answer=a.max_answer, costs_commit=cost["commit"])
             row.update(training=training(path), widths={})
             for w, dm in dms.items():
                 counts = [walk(acc, start, end, [w]) for acc, start, end in runs]
@@ -165,7 +171,7 @@ def main():
     out = os.path.join(RESULTS, "drafter_arms.jsonl")
     provenance.append_rows(out, rows, prov)
     with open(out) as f:  # every arm measured so far on the first set (the newest row per name)
-        latest = {r["name"]: r for r in map(json.loads, f) if r["heldout_set"] == a.workdir[0]}
+        latest = {r["name"]: r for r in map(json.loads, f) if r["heldout_set"] == names[0]}
     plot(list(latest.values()), os.path.join(RESULTS, "drafter_arms.png"))
 
 

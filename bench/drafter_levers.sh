@@ -64,4 +64,5 @@ done
 log walks
 cands=(parent="$PARENT")
 for arm in $ARMS; do cands+=("$arm=$W/arm-$arm/ckpt/last.pt"); done
-OMP_NUM_THREADS=1 $PY bench/drafter_arms.py --workdir "$W/data" "$W/unseen" -- "${cands[@]}"
+OMP_NUM_THREADS=1 $PY bench/drafter_arms.py --workdir "$W/data" "$W/unseen" --set-names templated unseen \
+  --label "levers at an equal budget ($M min each, warm starts of the shipped drafter): $ARMS" -- "${cands[@]}"

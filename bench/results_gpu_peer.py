@@ -34,3 +34,14 @@ def peer() -> list[str]:
         out += [f"Run `{run}` ({about(rs)}); {n['requests']} held-out prompts, {n['max_new_tokens']} new tokens each, concurrency 1, greedy, {n.get('method', '')}:", ""]  # fmt: skip
         out += table(["arm", "tok/s (min-max)", "ms/token", f"vs {base}"], body) + [""]
     return out
+
+
+def datagen() -> list[str]:
+    """Training-data generation, plain vs through DFLASH, side by side (bench/drafter_levers.sh)."""
+    out = []
+    for run, rs in runs(rows("datagen")).items():
+        plain = next((r["tok_s"] for r in rs if r["arm"] == "plain"), None)
+        out += [f"Run `{run}` ({about(rs)}); {rs[0]['setup']}:", ""]
+        body = [[r["arm"], r["prompts"], r["answer_tokens"], f1(r["wall_s"]), f1(r["tok_s"]), f"{f2(r['tok_s'] / plain)}x" if plain else None] for r in rs]  # fmt: skip
+        out += table(["datagen", "prompts", "answer tokens", "s", "answer tok/s", "vs plain"], body) + [""]
+    return out

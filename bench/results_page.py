@@ -35,7 +35,7 @@ from results_tables import (  # noqa: E402
     training,
     widths,
 )
-from results_gpu_peer import gpu_check, peer  # noqa: E402
+from results_gpu_peer import datagen, gpu_check, peer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -101,7 +101,7 @@ def found_kinds() -> set[str]:
 def page(head_lines: list[str]) -> str:
     known = {"real_bench", "tiny_bench", "soak", "drafter_arms", "train_summary", "width_trace", "ops_cpu"}
     known |= {"draft_head", "sampling_bench", "train_step", "attention_bench", "draft_rope"}
-    known |= {"scale_out", "step_profile", "cpu_linear", "gpu_check_kernels", "peer_bench"} & found_kinds()
+    known |= {"scale_out", "step_profile", "cpu_linear", "gpu_check_kernels", "peer_bench", "datagen"} & found_kinds()
     found = {os.path.basename(p)[: -len(".jsonl")] for p in glob.glob(os.path.join(RESULTS, "*.jsonl"))}
     assert found == known, (
         f"results files without a section here: {found - known}; sections without a file: {known - found}"
@@ -176,6 +176,11 @@ def page(head_lines: list[str]) -> str:
         "## Drafter walks: held-out walk tau, first 128 tokens (`drafter_arms.jsonl`)",
         "",
         *drafter_arms(),
+        *(
+            ["## Training data through DFLASH (`datagen.jsonl`, `bench/drafter_levers.sh`)", "", *datagen()]
+            if "datagen" in known
+            else []
+        ),
         "## Training runs (`train_summary.jsonl`)",
         "",
         *training(),

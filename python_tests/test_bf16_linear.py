@@ -86,6 +86,19 @@ def test_hooks_route_only_when_enabled(monkeypatch):
         fp32_layer = types.SimpleNamespace(weight=w.float())
         cpu_linear.linear_apply(original, None, fp32_layer, x.float(), None)  # an fp32 layer: torch's
         assert calls == ["torch", "torch"]
+        # auto on a host with oneDNN's native bf16: ours only up to NATIVE_BF16_MAX_ROWS rows
+        monkeypatch.setenv("SGLANG_DFLASH_CPU_LINEAR", "auto")
+        monkeypatch.setattr(cpu_linear, "native_bf16", lambda: True)
+        assert cpu_linear.enable("cpu", torch.bfloat16)
+        n = cpu_linear.NATIVE_BF16_MAX_ROWS
+        within_one_ulp(cpu_linear.linear_apply(original, None, layer, x[:n], b), x[:n], w, b)
+        assert calls == ["torch", "torch"]
+        cpu_linear.linear_apply(original, None, layer, case(n + 1, 64, 8, True)[0], b)
+        assert calls == ["torch", "torch", "torch"]  # a wider verify: oneDNN's
+        monkeypatch.setattr(cpu_linear, "native_bf16", lambda: False)  # no native bf16: every width ours
+        assert cpu_linear.enable("cpu", torch.bfloat16)
+        cpu_linear.linear_apply(original, None, layer, case(n + 1, 64, 8, True)[0], b)
+        assert calls == ["torch", "torch", "torch"]
     finally:
         monkeypatch.setenv("SGLANG_DFLASH_CPU_LINEAR", "0")
         cpu_linear.enable("cpu", torch.bfloat16)

@@ -76,7 +76,8 @@ def test_hook_routes_only_when_enabled(monkeypatch):
     assert cpu_linear.enable("cpu", torch.bfloat16)
     try:
         got = cpu_linear.rope_forward(original, rope, pos, q, k)
-        assert all(torch.equal(a, b) for a, b in zip(got, rope_qk_ref(pos, q, k, cache, 64, True)))
+        want = rope_qk_ref(pos, q, k, cache, 64, True)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
         assert cpu_linear.rope_forward(original, rope, pos, q, k, offsets=pos) == "torch"
         many = case(T=cpu_linear.ROPE_MAX_TOKENS + 1)
         assert cpu_linear.rope_forward(original, rope, *many[:3]) == "torch"  # past the measured crossover
@@ -85,6 +86,23 @@ def test_hook_routes_only_when_enabled(monkeypatch):
             cpu_linear.rope_forward(original, SimpleNamespace(**vars(rope), sin_cos_cache=cache), pos, q, k) == "torch"
         )
     finally:
+        cpu_linear.enable("cpu", torch.float32)
+    # SGLANG_DFLASH_CPU_ROPE: 1 routes rope without the GEMM kernel (a native-bf16 host), 0 never
+    monkeypatch.setattr(cpu_linear, "wanted", lambda device, dtype: False)
+    monkeypatch.setenv("SGLANG_DFLASH_CPU_ROPE", "1")
+    try:
+        assert not cpu_linear.enable("cpu", torch.bfloat16)
+        assert all(torch.equal(a, b) for a, b in zip(cpu_linear.rope_forward(original, rope, pos, q, k), want))
+        assert (
+            not cpu_linear.enable("cuda", torch.bfloat16)
+            and cpu_linear.rope_forward(original, rope, pos, q, k) == "torch"
+        )
+        monkeypatch.setattr(cpu_linear, "wanted", lambda device, dtype: True)
+        monkeypatch.setenv("SGLANG_DFLASH_CPU_ROPE", "0")
+        assert cpu_linear.enable("cpu", torch.bfloat16)
+        assert cpu_linear.rope_forward(original, rope, pos, q, k) == "torch"
+    finally:
+        monkeypatch.delenv("SGLANG_DFLASH_CPU_ROPE")
         cpu_linear.enable("cpu", torch.float32)
 
 

@@ -132,7 +132,16 @@ CPU_LINEAR = EnvVar(
     str,
     "auto",
     "DFLASH servers' bf16 target GEMMs on CPU through our AVX2 kernel (csrc/bf16_linear_cpu.cpp): "
-    "`auto` (where oneDNN has no native bf16), `1` (always), `0` (torch's)",
+    "`auto` (every GEMM where oneDNN has no native bf16, those of up to 3 rows where it has), `1` (every GEMM), "
+    "`0` (torch's)",
+    choices=("auto", "1", "0"),
+)
+CPU_ROPE = EnvVar(
+    "SGLANG_DFLASH_CPU_ROPE",
+    str,
+    "auto",
+    "DFLASH servers' bf16 rotary embedding on CPU through our fused op (csrc/rope_cpu.cpp, bit-identical "
+    "to SGLang's): `auto` (with the CPU GEMM kernel), `1` (any bf16 CPU target), `0` (SGLang's)",
     choices=("auto", "1", "0"),
 )
 PROPOSAL = EnvVar(

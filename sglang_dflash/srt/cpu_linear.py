@@ -8,8 +8,9 @@ worker turns this on at start-up (`enable`) for a bf16 target on such a host; SG
 and LM head then call the op, its rotary embeddings the fused one (one pass instead of ~25 torch
 ops a layer, bit-identical: ~8% of a width-1 step, bench/step_profile.py). A plain server (no
 DFLASH worker) is left as SGLang made it.
-SGLANG_DFLASH_CPU_LINEAR: auto (on where oneDNN has no native bf16), 1 (on for any bf16 CPU target),
-0 (off).
+SGLANG_DFLASH_CPU_LINEAR: auto (every GEMM where oneDNN has no native bf16; where it has, GEMMs of up
+to NATIVE_BF16_MAX_ROWS rows: the decode and narrow-verify shapes, where streaming the weights once
+beats oneDNN), 1 (every GEMM of any bf16 CPU target), 0 (off).
 """
 
 from __future__ import annotations
@@ -18,19 +19,24 @@ import torch
 
 from sglang_dflash import env
 
-_state = {"on": False}
+_state = {"on": False, "rope": False, "max_rows": None}
+# On an AVX512-BF16 host (oneDNN native bf16), one thread, the embedded target's GEMMs a step
+# (bench/cpu_linear_bench.py): ours vs torch 19 vs 33 ms at 1 row, 16.7 vs 32.7 at 2, 28.6 vs 33.5 at
+# 3, 34.0 vs 35.2 at 4, 58.9 vs 39.7 at 8: ours up to 3 rows, oneDNN's tiles beyond.
+NATIVE_BF16_MAX_ROWS = 3
 # rope_qk's scalar pass wins up to here; past it torch's vectorized ops do (bench/ops_bench.py, the
-# embedded target's heads: 8.6x at 1 token, 2.7x at 16, 1.26x at 48, 1.09x at 64, 0.7x at 128).
-ROPE_MAX_TOKENS = 48
+# embedded target's heads; AVX2 host: 8.6x at 1 token, 2.7x at 16, 1.26x at 48, 0.7x at 128;
+# AVX512-BF16 host: 6.1x at 1, 1.69x at 16, 0.86x at 48, 0.57x at 128).
+ROPE_MAX_TOKENS = 32
 
 
 def wanted(device_type: str, dtype: torch.dtype) -> bool:
-    mode = env.CPU_LINEAR.get()
-    if device_type != "cpu" or dtype != torch.bfloat16 or mode == "0":
-        return False
-    if mode == "1":
-        return True
-    return not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """A bf16 CPU target, not turned off (auto: every GEMM or the narrow ones; enable sets which)."""
+    return device_type == "cpu" and dtype == torch.bfloat16 and env.CPU_LINEAR.get() != "0"
+
+
+def native_bf16() -> bool:
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def enable(device_type: str, dtype: torch.dtype) -> bool:
@@ -38,12 +44,19 @@ def enable(device_type: str, dtype: torch.dtype) -> bool:
     from sglang_dflash import kernels
 
     _state["on"] = wanted(device_type, dtype) and kernels.load() == "extension"
+    auto = env.CPU_LINEAR.get() == "auto"
+    _state["max_rows"] = NATIVE_BF16_MAX_ROWS if _state["on"] and auto and native_bf16() else None
+    rope = env.CPU_ROPE.get()
+    cpu_bf16 = device_type == "cpu" and dtype == torch.bfloat16
+    _state["rope"] = cpu_bf16 and rope != "0" and (rope == "1" or _state["on"]) and kernels.load() == "extension"
     return _state["on"]
 
 
 def _eligible(x: torch.Tensor, w, bias) -> bool:
+    rows = _state["max_rows"]
     return (
         _state["on"]
+        and (rows is None or x.numel() <= rows * x.shape[-1])
         and isinstance(w, torch.Tensor)
         and x.device.type == "cpu"
         and x.dtype == torch.bfloat16
@@ -82,7 +95,7 @@ def rope_forward(original, self, positions, query, key, offsets=None, fused_set_
     """AROUND RotaryEmbedding.forward_native (what SGLang runs on a CPU without AMX): bf16 q/k in one
     pass (rope_qk, bit-identical to it) instead of ~25 torch ops a layer."""
     if (
-        _state["on"]
+        _state["rope"]
         and query.dtype == torch.bfloat16
         and key is not None
         and key.dtype == torch.bfloat16
