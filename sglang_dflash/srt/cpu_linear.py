@@ -1,10 +1,10 @@
-"""The target's bf16 GEMMs and rotary embedding on a CPU without native bf16, through our
-`bf16_linear` and `rope_qk` ops.
+"""The target's bf16 GEMMs and rotary embedding on CPU, through our `bf16_linear` and `rope_qk` ops.
 
 torch's bf16 matmul on an AVX2-only host runs at ~10 GFLOP/s a core at every shape (bench/
 step_profile.py: 60-85% of a served step), while fp32 FMAs on bf16 weights widened in registers run
-several times faster and read half the bytes of fp32 weights (csrc/bf16_linear_cpu.cpp). The DFLASH
-worker turns this on at start-up (`enable`) for a bf16 target on such a host; SGLang's linear layers
+several times faster and read half the bytes of fp32 weights (csrc/bf16_linear_cpu.cpp); where
+oneDNN's bf16 is native, its tiles win from 4 rows up but our stream still wins the decode shapes.
+The DFLASH worker turns this on at start-up (`enable`) for a bf16 CPU target; SGLang's linear layers
 and LM head then call the op, its rotary embeddings the fused one (one pass instead of ~25 torch
 ops a layer, bit-identical: ~8% of a width-1 step, bench/step_profile.py). A plain server (no
 DFLASH worker) is left as SGLang made it.
