@@ -205,21 +205,10 @@ def walk(acc: list[int], start: int, end: int, widths: Sequence[int] | None = No
     return tokens, blocks_n
 
 
-def walk_counts(
-    drafter: DFlashDrafter,
-    embed: torch.Tensor,
-    mask_token_id: int,
-    block: int,
-    seqs: list[Seq],
-    max_answer: int | None = None,
-    autocast: bool = True,
-    head: torch.Tensor | None = None,
-    widths: Sequence[int] | None = None,
-    vocab: torch.Tensor | None = None,
-) -> list[tuple[int, int]]:
-    """walk() over every sequence -> [(committed tokens, blocks)] (accepted_per_anchor's arguments)."""
-    runs = accepted_per_anchor(drafter, embed, mask_token_id, block, seqs, max_answer, autocast, head, vocab)
-    return [walk(acc, start, end, widths) for acc, start, end in runs]
+def walk_counts(*args, widths: Sequence[int] | None = None, **kw) -> list[tuple[int, int]]:
+    """walk() over every sequence -> [(committed tokens, blocks)]; the other arguments are
+    accepted_per_anchor's."""
+    return [walk(acc, start, end, widths) for acc, start, end in accepted_per_anchor(*args, **kw)]
 
 
 def walk_tau(
