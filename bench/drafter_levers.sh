@@ -11,8 +11,10 @@
 #    plain and one through DFLASH (same chains), so their answer tokens/s compare the two.
 # 3. arms, each MINUTES_PER_ARM of training (one at a time, two threads), warm-started from the
 #    shipped drafter: recipe (its last warm start's settings), grow4 (4 layers grown from it, copy
-#    init), distil (--distil 0.5), shape (gamma 7, 32 anchors x 4 sequences per step).
-# 4. bench/drafter_arms.py over parent + arms on the templated held-out answers and the unseen set.
+#    init), distil (--distil 0.5), shape (gamma 7, 32 anchors x 4 sequences per step), dflash2 (DFlash 2
+#    grown from it: convolutions and the path selector trained, train/dflash2.py).
+# 4. bench/drafter_arms.py over parent + arms on the templated held-out answers and the unseen set
+#    (SKIP_WALKS=1: arms only; a later run with the same WORKDIR walks them all).
 set -euo pipefail
 W=${1:?usage: bench/drafter_levers.sh WORKDIR [MINUTES_PER_ARM] [ARM ...]}
 M=${2:-10}
@@ -38,7 +40,10 @@ if [ ! -e "$W/data/datagen.done" ]; then
   touch "$W/data/datagen.done"
 fi
 grep -h '^datagen: {' "$W"/data/datagen.*.log >&2 || true
-$T features --workdir "$W/data" --features-minutes 12 --min-train-minutes 0
+if [ ! -e "$W/data/features.done" ]; then  # once: a rerun must not grow the arms' data
+  $T features --workdir "$W/data" --features-minutes 12 --min-train-minutes 0
+  touch "$W/data/features.done"
+fi
 
 COMMON=(--seed 9 --keep-draft-vocab --lr 3e-4 --warmup-steps 200 --ckpt-minutes 3)
 for arm in $ARMS; do
@@ -54,6 +59,8 @@ for arm in $ARMS; do
            init=$W/grow4; extra=(--num-layers 4) ;;
     distil) extra=(--distil 0.5) ;;
     shape) extra=(--gamma 7 --anchors 32 --seqs 4) ;;
+    dflash2) $T dflash2 --drafter "$PARENT" --out "$W/dflash2"   # identity convolutions, a zero selector
+             init=$W/dflash2 ;;
     *) echo "unknown arm $arm" >&2; exit 2 ;;
   esac
   log "arm $arm: $M minutes"
@@ -61,6 +68,7 @@ for arm in $ARMS; do
     > "$A/train.log" 2>&1
 done
 
+[ "${SKIP_WALKS:-0}" = 1 ] && { log "walks skipped (SKIP_WALKS=1)"; exit 0; }
 log walks
 cands=(parent="$PARENT")
 for arm in $ARMS; do cands+=("$arm=$W/arm-$arm/ckpt/last.pt"); done

@@ -11,7 +11,7 @@ from sglang_dflash.model.config import DrafterConfigError, load_drafter_config
 from sglang_dflash.pipeline.draft import propose
 from sglang_dflash.model.dynamic_conv import DynamicConv
 from sglang_dflash.model.loader import load_drafter
-from sglang_dflash.model.path_walk import best_path, sample_path
+from sglang_dflash.model.path_walk import best_path, chain_path, greedy_path, sample_path
 from sglang_dflash.testing.reference import conv_reference, path_score
 from sglang_dflash.testing.tiny_drafter import make_tiny_drafter
 from sglang_dflash.testing.tiny_models import tiny_model_cache
@@ -51,6 +51,23 @@ def test_best_path_equals_brute_force(k, p, seed):
         scores = path_score(edges[b : b + 1].expand(len(paths), -1, -1, -1), paths)
         assert torch.equal(got[b], paths[scores.argmax()]), (got[b], paths[scores.argmax()])
         assert torch.isclose(path_score(edges[b : b + 1], got[b : b + 1])[0], scores.max())
+
+
+def test_chain_path_is_the_sampled_walks_cold_limit():
+    """chain: slot by slot the best candidate after the previous pick, which is what the sampled walk
+    draws as T -> 0 (no noise); greedy_path dispatches on the checkpoint's selector_walk."""
+    g = torch.Generator().manual_seed(4)
+    edges = torch.randn(6, 5, 4, 4, generator=g)
+    edges[:, 0] = edges[:, 0, :1]
+    got = chain_path(edges)
+    cold, _ = sample_path(edges, torch.full((6,), 1e-4), torch.zeros(6, 5, 4))
+    assert torch.equal(got, cold)
+    for b in range(6):  # the definition, one request at a time
+        prev = 0
+        for j in range(5):
+            prev = int(edges[b, j, prev].argmax())
+            assert got[b, j] == prev
+    assert torch.equal(greedy_path(edges, "chain"), got) and torch.equal(greedy_path(edges, "best"), best_path(edges))
 
 
 def test_sampled_path_draws_from_its_q():
@@ -124,6 +141,7 @@ def test_dflash1_checkpoint_still_loads_without_dflash2_weights(tmp_path, target
         ({"selector_top_k": None}, "selector_top_k"),
         ({"conv_group_size": 7}, "conv_group_size"),
         ({"selector_rank": 0}, "selector_rank"),
+        ({"selector_walk": "beam"}, "selector_walk"),
     ],
 )
 def test_bad_dflash2_config_names_the_field(tmp_path, target, change, field):

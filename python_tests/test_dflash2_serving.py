@@ -1,5 +1,6 @@
 """A DFlash 2 checkpoint made on the fly serves losslessly through the real server (float32):
-greedy output token-identical to plain decoding (best path through the selector's candidates),
+greedy output token-identical to plain decoding (under both greedy walks through the selector's
+candidates: the best path and the chain),
 penalties exact, seeded sampled requests reproducible by seed (they draft the best path and are
 verified by sample-and-match, so verify widths cannot move their draws) while greedy requests in the
 same batches stay exact, and unseeded sampled requests (sampled paths + rejection against q) served."""
@@ -16,31 +17,37 @@ MAX_NEW = 32
 D2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
 
 
-def dflash2_drafter(target):
+def dflash2_drafter(target, walk="best"):
     from sglang_dflash.testing.pairs import ROOT
     from sglang_dflash.folder_cache import build_once
     from sglang_dflash.testing.tiny_drafter import make_tiny_drafter
 
     def build(tmp):
-        make_tiny_drafter(tmp, target, block_size=8, steer=True, dflash2=D2)
+        make_tiny_drafter(tmp, target, block_size=8, steer=True, dflash2={**D2, "selector_walk": walk})
 
-    return build_once(os.path.join(ROOT, "dflash2-llama-f32-mixed-v1"), build)
+    return build_once(os.path.join(ROOT, f"dflash2-llama-f32-mixed-{walk}-v1"), build)
 
 
-@pytest.fixture(scope="module")
-def served(pair):
+PLAIN: dict = {}  # plain decoding's outputs, made once for both walks
+
+
+# Both greedy walks (selector_walk: Viterbi "best", and "chain", which trained checkpoints use):
+# pytest finishes one walk's server before it starts the other's.
+@pytest.fixture(scope="module", params=["best", "chain"])
+def served(pair, request):
     from sglang_dflash.testing.pairs import MIXED
 
     target, _ = pair("llama", "float32", MIXED["llama"])
-    drafter = dflash2_drafter(target)
+    drafter = dflash2_drafter(target, request.param)
     cases = penalty_cases(PROMPTS[:3])
-    with launch(target, None, "float32", name="plain-dflash2", extra=["--disable-overlap-schedule"]) as plain:
-        refs = reference(plain, PROMPTS, MAX_NEW)
-        pen = [plain.generate(p, MAX_NEW, **c)["output_ids"] for p, c in cases]
+    if not PLAIN:
+        with launch(target, None, "float32", name="plain-dflash2", extra=["--disable-overlap-schedule"]) as plain:
+            PLAIN["refs"] = reference(plain, PROMPTS, MAX_NEW)
+            PLAIN["pen"] = [plain.generate(p, MAX_NEW, **c)["output_ids"] for p, c in cases]
     # Width pinned to the block: every step drafts through the selector and the convolutions (under
     # the adaptive controller a run could verify at width 1 throughout and prove nothing of DFlash 2).
-    with launch(target, drafter, "float32", name="dflash2", env={"SGLANG_DFLASH_WIDTH": "8"}) as srv:
-        yield srv, refs, cases, pen
+    with launch(target, drafter, "float32", name=f"dflash2-{request.param}", env={"SGLANG_DFLASH_WIDTH": "8"}) as srv:
+        yield srv, PLAIN["refs"], cases, PLAIN["pen"]
 
 
 @pytest.mark.server

@@ -69,6 +69,7 @@ class DFlash2Config:
     selector_top_k: int  # candidates kept per block position (16)
     output_multiplier: float = 1.0  # scales candidate logits before the selector scores them
     final_logit_softcapping: Optional[float] = None  # cap * tanh(logit / cap) on candidate logits
+    selector_walk: str = "best"  # a greedy draft's path: "best" (Viterbi) or "chain" (path_walk.py)
 
     @property
     def uses_conv(self) -> bool:
@@ -76,6 +77,7 @@ class DFlash2Config:
 
 
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+SELECTOR_WALKS = ("best", "chain")
 
 
 def parse_dflash2(cfg: dict, hidden: int) -> Optional[DFlash2Config]:
@@ -106,7 +108,12 @@ def parse_dflash2(cfg: dict, hidden: int) -> Optional[DFlash2Config]:
         raise DrafterConfigError(
             f"drafter config final_logit_softcapping must be a positive number or null, got {cap!r}"
         )
-    return DFlash2Config(**d, output_multiplier=float(mult), final_logit_softcapping=cap and float(cap))
+    walk = _get(cfg, "selector_walk", "best")
+    if walk not in SELECTOR_WALKS:
+        raise DrafterConfigError(f"dflash_config.selector_walk must be one of {SELECTOR_WALKS}, got {walk!r}")
+    return DFlash2Config(
+        **d, output_multiplier=float(mult), final_logit_softcapping=cap and float(cap), selector_walk=walk
+    )
 
 
 LAYER_TYPES = ("full_attention", "sliding_attention")

@@ -153,6 +153,7 @@ class DFlashDrafter(nn.Module):
                 d2.selector_top_k,
                 d2.output_multiplier,
                 d2.final_logit_softcapping,
+                d2.selector_walk,
             )
 
         if cfg.draft_vocab_size:  # reduced draft vocabulary: draft index i is target token i + d2t[i]

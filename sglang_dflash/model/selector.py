@@ -8,7 +8,7 @@ anchor for slot 0) to candidate c at slot j is
     S_j(a, c) = U_j(c) + < A[a] * P(h_j), B[c] >
 
 with rank-r predecessor/successor codebooks A, B [V, r] and P = hidden_projection [H -> r].
-The path walk (path.py) picks one candidate per slot from these scores. Checkpoint weights:
+The path walk (path_walk.py) picks one candidate per slot from these scores. Checkpoint weights:
 `candidate_selector.{hidden_projection.weight [r, H], predecessor_codebook [V, r], successor_codebook [V, r]}`.
 """
 
@@ -29,9 +29,11 @@ class CandidateSelector(nn.Module):
         top_k: int,
         output_multiplier: float = 1.0,
         softcap: Optional[float] = None,
+        walk: str = "best",
     ):
         super().__init__()
         self.top_k, self.output_multiplier, self.softcap = top_k, output_multiplier, softcap
+        self.walk = walk  # a greedy draft's path through the scores: path_walk.greedy_path
         self.hidden_projection = nn.Linear(hidden, rank, bias=False)
         self.predecessor_codebook = nn.Parameter(torch.zeros(vocab, rank))
         self.successor_codebook = nn.Parameter(torch.zeros(vocab, rank))

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 import torch
 
 from sglang_dflash.model.drafter import DFlashDrafter
-from sglang_dflash.model.path_walk import best_path, sample_path
+from sglang_dflash.model.path_walk import greedy_path, sample_path
 from sglang_dflash.pipeline.noise import WALK, gumbel
 
 # attend(layer, q [N, H, D], k_blk [N, Hkv, D], v_blk [N, Hkv, D]) -> [N, H, D]; see attention.py
@@ -98,7 +98,7 @@ def propose(
     values, cand = selector.candidates(logits)  # [bs, B-1, K]
     cand = drafter.to_target(cand)
     edges = selector.edges(block_ids[:, 0], cand, values, slots)  # [bs, B-1, K, K]
-    idx, q, rows = best_path(edges), None, None
+    idx, q, rows = greedy_path(edges, selector.walk), None, None
     if temperatures is not None and bool((temperatures > 0).any()):
         rows = temperatures > 0
         sampled_idx, q = sample_path(edges, temperatures.clamp_min(1e-6), gumbel)

@@ -5,6 +5,7 @@ python -m sglang_dflash.train {corpus,datagen,features,train,export} --workdir W
 python -m sglang_dflash.train cut --drafter DIR --workdir W --out DIR2   (reduced draft vocabulary)
 python -m sglang_dflash.train mix --drafter PARENT --init-from CHILD --mix-weight 0.7 --out DIR2
 python -m sglang_dflash.train grow --drafter PARENT --num-layers 4 --grow-init copy|target --out DIR2
+python -m sglang_dflash.train dflash2 --drafter PARENT --out DIR2 [--selector-rank 32 --selector-top-k 8]
 
 Stages: corpus (text documents from this machine, corpus.py), datagen (the target's greedy answers to
 generated prompts), features (target features + labels, one prefill per sequence), train, export.
@@ -42,7 +43,9 @@ def parse_deadline(s: str | None, now: dt.datetime | None = None) -> float | Non
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("stage", choices=["all", "corpus", "datagen", "features", "train", "export", "cut", "mix", "grow"])
+    ap.add_argument(
+        "stage", choices=["all", "corpus", "datagen", "features", "train", "export", "cut", "mix", "grow", "dflash2"]
+    )
     ap.add_argument("--workdir", default="train_run")
     ap.add_argument("--model", default=None, help="target HF folder (default: the embedded SmolLM2)")
     ap.add_argument("--deadline", default=None, help="HH:MM UTC (the next one to come); every stage respects it")
@@ -100,6 +103,8 @@ def main(argv=None):
     ap.add_argument(
         "--grow-init", default="copy", help="grow: new layers from the parent's last (copy) or the target's"
     )
+    ap.add_argument("--selector-rank", type=int, default=32, help="dflash2: the selector's codebook rank")
+    ap.add_argument("--selector-top-k", type=int, default=8, help="dflash2: candidates per block position")
     ap.add_argument("--out", default=DRAFTER_DIR, help="export folder")
     ap.add_argument("--drafter", default=DRAFTER_DIR, help="cut: the exported drafter to give a reduced vocabulary")
     a = ap.parse_args(argv)
@@ -230,6 +235,10 @@ def main(argv=None):
         from sglang_dflash.train.grow import grow
 
         grow(a.drafter, a.out, a.num_layers, a.grow_init, a.model)
+    if a.stage == "dflash2":  # --drafter (DFlash 1) as a DFlash 2 drafter with the same drafts: dflash2.py
+        from sglang_dflash.train.dflash2 import upgrade
+
+        upgrade(a.drafter, a.out, rank=a.selector_rank, top_k=a.selector_top_k, seed=a.seed)
     if a.stage == "cut":
         from sglang_dflash.train import vocab_cut
 

@@ -122,8 +122,13 @@ def block_hidden(drafter: DFlashDrafter, embed: torch.Tensor, mask_token_id: int
 
     ids, pos = torch.cat(ids), torch.cat(pos)  # [n, B]
     x = embed[ids.reshape(-1)].to(drafter.fc.weight.dtype)  # [n*B, H]
-    hidden = drafter(x, pos.reshape(-1), attend).view(ids.shape[0], block, -1)
+    hidden = drafter(x, pos.reshape(-1), attend, block).view(ids.shape[0], block, -1)
     return hidden[:, 1:], torch.cat(tgts)
+
+
+def anchor_ids(batch) -> torch.Tensor:
+    """batch [(seq, anchors [A])] -> the anchors' tokens [n] (block column 0), in block_hidden's order."""
+    return torch.cat([seq.tokens[anchors] for seq, anchors in batch])
 
 
 @torch.no_grad()
@@ -144,21 +149,32 @@ def eval_tau(
         part = eval_set[i : i + chunk]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             hidden, targets = block_hidden(drafter, embed, mask_token_id, block, part)
-        ok = _accepted(hidden, targets, embed, vocab)
+        ok = _accepted(hidden, targets, embed, vocab, getattr(drafter, "selector", None), anchor_ids(part))
         total += float(ok.sum()) + ok.shape[0]
         count += ok.shape[0]
     return total / max(count, 1)
 
 
 def _accepted(
-    hidden: torch.Tensor, targets: torch.Tensor, head: torch.Tensor, vocab: torch.Tensor | None = None
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    head: torch.Tensor,
+    vocab: torch.Tensor | None = None,
+    selector=None,
+    anchors: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """hidden [n, B-1, H], targets [n, B-1]; head [V, H]; vocab [N] the reduced draft vocabulary's
-    token ids (argmax over those rows only) -> leading draft tokens equal to the targets [n]."""
+    token ids (argmax over those rows only); selector (DFlash 2) with anchors [n]: the drafts are
+    its best path, as served -> leading draft tokens equal to the targets [n]."""
     n, k, h = hidden.shape
     w = head if vocab is None else head[vocab]
-    pred = (hidden.reshape(n * k, h).to(w.dtype) @ w.t()).argmax(-1)  # 2D: no bmm copy
-    pred = (pred if vocab is None else vocab[pred]).view(n, k)
+    if selector is not None:
+        from sglang_dflash.train.dflash2 import selector_drafts
+
+        pred = selector_drafts(selector, hidden, anchors, w, vocab)
+    else:
+        pred = (hidden.reshape(n * k, h).to(w.dtype) @ w.t()).argmax(-1)  # 2D: no bmm copy
+        pred = (pred if vocab is None else vocab[pred]).view(n, k)
     return (pred == targets).to(torch.int64).cumprod(-1).sum(-1)
 
 
@@ -186,7 +202,9 @@ def accepted_per_anchor(
             continue
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             hidden, targets = block_hidden(drafter, embed, mask_token_id, block, [(s, anchors)])
-        out.append((_accepted(hidden, targets, embed if head is None else head, vocab).tolist(), s.answer_start, end))
+        sel = getattr(drafter, "selector", None)
+        ok = _accepted(hidden, targets, embed if head is None else head, vocab, sel, s.tokens[anchors])
+        out.append((ok.tolist(), s.answer_start, end))
     return out
 
 

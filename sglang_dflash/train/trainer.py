@@ -25,7 +25,8 @@ from sglang_dflash.model.config import parse_drafter_config
 from sglang_dflash.model.drafter import DFlashDrafter
 from sglang_dflash.model.draft_vocab import coverage, d2t_from_ids, most_frequent
 from sglang_dflash.train.corpus import ID_PREFIX
-from sglang_dflash.train.blocks import Seq, block_hidden, block_soft, eval_tau, sample_anchors, walk_tau
+from sglang_dflash.train.blocks import Seq, anchor_ids, block_hidden, block_soft, eval_tau, sample_anchors, walk_tau
+from sglang_dflash.train.dflash2 import dflash2_fields, param_groups, selector_loss
 from sglang_dflash.train.features import load_seqs
 from sglang_dflash.train.head_loss import head_cross_entropy, soft_rows
 from sglang_dflash.train.target_files import drafter_config_dict, load_embedding, load_target_tensor, mask_token_id_for
@@ -114,6 +115,8 @@ class _Run:
             self.dv = most_frequent(self.counts, c.draft_vocab) if c.draft_vocab else None
         if self.dv is not None:
             self.cdict["draft_vocab_size"] = self.draft_vocab
+        if c.init_from:  # a DFlash 2 parent (dflash2.upgrade) trains as DFlash 2
+            self.cdict["dflash_config"].update(dflash2_fields(c.init_from))
         self.cfg = parse_drafter_config(self.cdict, tcfg["num_hidden_layers"])
         self.drafter = _init_drafter(self.cfg, self.dv, c.model)
         self.embed = load_embedding(c.model)  # [V, H] bf16, frozen
@@ -125,7 +128,7 @@ class _Run:
         self.fixed_head = self.embed[self.vocab].to(torch.bfloat16)  # [V_sub, H]: the head without negatives
         self.remap = torch.full((self.embed.shape[0],), -100, dtype=torch.int64)
         self.remap[self.vocab] = torch.arange(self.vocab.numel())
-        self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=c.lr, betas=(0.9, 0.95), weight_decay=0.01)
+        self.opt = torch.optim.AdamW(param_groups(self.drafter), lr=c.lr, betas=(0.9, 0.95), weight_decay=0.01)
         cdir = os.path.join(c.workdir, "ckpt")
         os.makedirs(cdir, exist_ok=True)
         self.last, self.best = os.path.join(cdir, "last.pt"), os.path.join(cdir, "best.pt")
@@ -198,11 +201,18 @@ class _Run:
             soft = soft_rows(soft[0].flatten(0, 1), soft[1].flatten(0, 1), self.remap)
         w = self.weights.expand(n, k).flatten()
         loss = head_cross_entropy(hidden.reshape(n * k, h), head, tgt.flatten(), w, soft=soft, alpha=c.distil)
+        if self.drafter.selector is not None:  # DFlash 2: the selector's own loss (dflash2.py)
+            sel_head, sel_vocab = (self.fixed_head, self.vocab) if self.dv is not None else (self.embed, None)
+            sel_loss, covered = selector_loss(
+                self.drafter.selector, hidden.float(), anchor_ids(batch), targets, sel_head, sel_vocab, self.weights
+            )
+            loss = loss + sel_loss
+            st["selector_covered"] = covered
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 1.0)
         for grp in self.opt.param_groups:
-            grp["lr"] = c.lr * lr_factor(st["step"], st["train_s"] / budget, c.warmup)
+            grp["lr"] = c.lr * grp.get("lr_mult", 1.0) * lr_factor(st["step"], st["train_s"] / budget, c.warmup)
         self.opt.step()
         labelled = int((tgt >= 0).sum())
         st["step"] += 1
@@ -216,8 +226,12 @@ class _Run:
         summary = dict(out, anchors_per_step=c.anchors * c.seqs, train_seqs=len(self.train), heldout_seqs=len(held))
         summary |= dict(gamma=c.gamma, draft_vocab=self.draft_vocab, no_text=c.no_text, init_from=c.init_from, lr=c.lr)
         summary |= dict(warmup=c.warmup, keep_draft_vocab=c.keep_draft_vocab, distil=c.distil, anchors=c.anchors)
-        summary |= dict(extra_features=list(c.extra_features), train_seqs_by_workdir=self.per_dir)
-        summary |= dict(walk_seqs=min(c.walk_seqs, len(held)), label_coverage=coverage(self.counts, self.vocab))
+        summary |= dict(
+            extra_features=list(c.extra_features),
+            train_seqs_by_workdir=self.per_dir,
+            walk_seqs=min(c.walk_seqs, len(held)),
+        )
+        summary |= dict(label_coverage=coverage(self.counts, self.vocab), dflash2=self.cfg.dflash2 is not None)
         return summary | dict(threads=torch.get_num_threads(), command=c.command, history=self.st["history"])
 
 
