@@ -144,6 +144,15 @@ CPU_ROPE = EnvVar(
     "to SGLang's): `auto` (with the CPU GEMM kernel), `1` (any bf16 CPU target), `0` (SGLang's)",
     choices=("auto", "1", "0"),
 )
+GRAPHS = EnvVar(
+    "SGLANG_DFLASH_GRAPHS",
+    str,
+    "auto",
+    "DFLASH draft steps replayed per (batch-size bucket, width) from SGLang's capture buckets "
+    "(pipeline/step_graphs.py): `cuda` (CUDA graphs), `eager` (the CPU twin: padded static buffers run "
+    "eagerly), `0` (off); `auto` is off until the draft stage is capture-safe (docs/graphs.md)",
+    choices=("auto", "cuda", "eager", "0"),
+)
 PROPOSAL = EnvVar(
     "SGLANG_DFLASH_PROPOSAL",
     str,

@@ -7,7 +7,8 @@ CPU mode: tiny generated models (steered pair, mixed acceptance). GPU mode, two 
    but for near-ties (the bf16 rule of test_lossless.py), no failed draft step, tau > 1 asserted, so
    the FlashInfer drafting path must really have drafted and been accepted.
 2. throughput: random-weight (dummy) target shaped like Qwen3-8B and a 5-layer steered drafter at
-   concurrency 1, 8, 32, 64, none / ours / SGLang's built-in DFLASH, at two controlled
+   concurrency 1, 8, 32, 64, none / ours / ours with step graphs (SGLANG_DFLASH_GRAPHS=cuda, eager on
+   CPU: captured and replayed counts must be non-zero) / SGLang's built-in DFLASH, at two controlled
    acceptances: "forced" (SGLANG_DFLASH_DEBUG_STEER steers the loaded target in place, testing/steer.py,
    so every draft is accepted: the speedup's upper bound, ours vs built-in at equal acceptance) and
    "random" (unsteered: tau ~ 1, each worker's overhead at minimal acceptance). Plain decoding runs
@@ -37,6 +38,7 @@ from sglang_dflash import env as dflash_env  # noqa: E402
 from sglang_dflash.testing.servers import (  # noqa: E402
     assert_lossless,
     assert_speculated,
+    dflash_state,
     generate_all,
     launch,
     prompts,
@@ -109,10 +111,12 @@ def main():
         dtype, extra, concs = "float32", [], [1, 8]
     lossless = lossless_pass(a.device) if gpu else None
     batch, max_new = prompts(max(32, *concs), seed=1, max_len=200), 64
-    impls = [("none", None, {}, None), ("ours", drafter, {}, None)]
+    graphs = {dflash_env.GRAPHS.name: "cuda" if gpu else "eager"}  # the step graphs (docs/graphs.md)
+    impls = [("none", None, {}, None), ("ours", drafter, {}, None), ("ours+graphs", drafter, graphs, None)]
     if gpu:
         steer, builtin_env = {dflash_env.DEBUG_STEER.name: STEER}, {dflash_env.IMPL.name: "builtin"}
         impls = [("none", None, steer, "forced"), ("ours", drafter, steer, "forced")]
+        impls += [("ours+graphs", drafter, {**steer, **graphs}, "forced")]
         impls += [("builtin", drafter, {**steer, **builtin_env}, "forced"), ("ours", drafter, {}, "random")]
         impls += [("builtin", drafter, builtin_env, "random")]
     rows, ref, arms, errors = [], None, {}, {}
@@ -129,7 +133,7 @@ def main():
         # float32 on CPU: identical. bf16 on GPU: verify and decode kernels round differently, so a
         # few sequences may part at near-ties (see test_lossless.py); require 3 in 4 to be identical.
         need = 1.0 if not gpu else 0.75
-        ours = [r for r in rows if r["impl"] == "ours"]
+        ours = [r for r in rows if r["impl"].startswith("ours")]
         ok = (
             complete
             and bool(ours)
@@ -139,6 +143,12 @@ def main():
         ok = ok and not [k for k in errors if not k.startswith("builtin")]  # the built-in arm only compares
         forced = [r["tau"] for r in ours if r["acceptance"] == "forced"]
         ok = ok and all(t is not None and t > 2 for t in forced)  # the steered drafts really were accepted
+        # the graph arm really captured and replayed its draft steps (fallbacks are in its rows)
+        ok = ok and all(
+            r["graphs"].get("captured", 0) > 0 and r["graphs"].get("replayed", 0) > 0
+            for r in ours
+            if r["impl"] == "ours+graphs"
+        )
         out = {
             "tier": "e2e",
             "device": a.device,
@@ -186,6 +196,10 @@ def main():
                 for c in concs:
                     r, _ = bench(srv, batch, c, max_new)
                     rows.append({"impl": name, "acceptance": acceptance, "identical_to_plain": same, **r})
+                if name == "ours+graphs":  # captured / replayed / fallback counts over the whole arm
+                    rows[-1]["graphs"] = dict(dflash_state(srv).get("graphs", {}))
+                    for r in rows[-len(concs) :]:
+                        r["graphs"] = rows[-1]["graphs"]
         except (AssertionError, RuntimeError, TimeoutError, OSError) as e:
             errors[label] = f"{type(e).__name__}: {e}"[-2000:]
         report(complete=False)

@@ -6,6 +6,7 @@ sglang:dflash_accepted_tokens_total{position=j}  drafts accepted at block positi
 sglang:dflash_accept_length                histogram of tokens committed per block (1..B, bonus included)
 sglang:dflash_{draft,verify,sample,kv_write}_seconds  per-step stage times
 sglang:dflash_draft_failures_total         draft steps that raised or drafted NaN/inf (undrafted)
+sglang:dflash_graph_steps_total{event=E}   draft steps by step graph: captured, replayed, fallback:<reason>
 sglang:dflash_verify_width                 histogram of the verify width chosen per step (1 = plain decode)
 sglang:dflash_expected_tokens_per_second{width=W}  the width controller's current estimate per width
 """
@@ -81,6 +82,7 @@ class DFlashMetrics:
         self.drafts = Counter("sglang:dflash_drafts", "Blocks drafted", names).labels(**labels)
         self.draft_tokens = Counter("sglang:dflash_draft_tokens", "Draft tokens proposed", names).labels(**labels)
         self.draft_failures = Counter("sglang:dflash_draft_failures", "Draft steps that raised", names).labels(**labels)
+        self.graph_steps = Counter("sglang:dflash_graph_steps", "Draft steps by step graph", names + ["event"])
         self.accepted = Counter(
             "sglang:dflash_accepted_tokens", "Drafts accepted per block position", names + ["position"]
         )
@@ -103,6 +105,13 @@ class DFlashMetrics:
             )
             for s in STAGES
         }
+
+    def record_graphs(self, counts: dict, seen: dict) -> None:
+        """Step graph counters (StepGraphs.counts) since the last call (seen: what was reported)."""
+        for event, n in counts.items():
+            if n > seen.get(event, 0):
+                self.graph_steps.labels(**self.labels, event=event).inc(n - seen.get(event, 0))
+                seen[event] = n
 
     def record(self, commit_lens: list[int], seconds: dict, width: int, rates: dict) -> None:
         """One step: tokens committed per request, stage seconds, the width verified, and the

@@ -126,9 +126,7 @@ def _dummy_step(worker, bs: int, width: int) -> float:
     start = time.perf_counter()
     draft = block_ids[:, :width]
     if width > 1:
-        draft = worker.draft(
-            batch.req_pool_indices, prefix, slots.reshape(-1), block_ids, positions, None, width
-        ).tokens
+        draft = worker.draft(batch.req_pool_indices, prefix, slots, block_ids, positions, None, width).tokens
     out = dummy_verify_forward(worker._target_worker, draft, positions[:, :width], slots[:, :width], pool_rows, prefix)
     tokens = out.next_token_logits.argmax(-1).view(bs, width)
     budget = torch.full((bs,), 1 << 30, dtype=torch.int64, device=dev)

@@ -26,16 +26,18 @@ from sglang_dflash.model.config import check_against_target, load_drafter_config
 from sglang_dflash.model.loader import load_drafter
 from sglang_dflash.model.mask_token import resolve_mask_token_id
 from sglang_dflash.pipeline.accept import accept_block
-from sglang_dflash.pipeline.attention_choice import block_attention, check_capture_layers, dump_context
+from sglang_dflash.pipeline.attention_choice import check_capture_layers, dump_context
 from sglang_dflash.pipeline.attention_choice import warm_up_block_attention
 from sglang_dflash.pipeline.block import block_slots, build_block
 from sglang_dflash.pipeline.context_kv import DraftKVCache, write_context
-from sglang_dflash.pipeline.draft import Proposal, draft_sampling, propose
+from sglang_dflash.pipeline.draft import Proposal
 from sglang_dflash.pipeline.grammar_mask import apply_masks, chain_masks
 from sglang_dflash.pipeline.penalties import apply_penalties
 from sglang_dflash.pipeline.target_sampling import target_tokens
 from sglang_dflash.srt import cpu_linear, metrics as dflash_metrics
 from sglang_dflash.srt.draft_head import DraftHead
+from sglang_dflash.srt.draft_stage import draft_failed, draft_step
+from sglang_dflash.srt.graph_choice import make_step_graphs
 from sglang_dflash.srt.metrics import StageClock
 from sglang_dflash.srt.seeded_prefill import PreSampleLogits, reseed_first_tokens
 from sglang_dflash.srt.step_inputs import StepInputs, sampling_rows
@@ -48,7 +50,6 @@ logger = logging.getLogger("sglang_dflash")
 # Nth draft step raise (fault injection).
 DEBUG_DUMP_DIR = env.DEBUG_DUMP_DIR.get()
 DEBUG_FAIL_DRAFT_EVERY = env.DEBUG_FAIL_DRAFT_EVERY.get()
-PROPOSAL = env.PROPOSAL.get()  # DFlash 1 drafts for unseeded sampled rows (env.py)
 
 
 class DFlashWorker(BaseSpecWorker):
@@ -80,7 +81,7 @@ class DFlashWorker(BaseSpecWorker):
         self.flashinfer_sampler = get_exec().kernel.sampling_backend in ("flashinfer", "intel_xpu")
         self.metrics = dflash_metrics.create(self.block_size)
         self.draft_steps = self.draft_failures = 0
-        self.width = None  # the verify-width controller, made at start-up's end (init_cuda_graphs)
+        self.width = self.graphs = None  # the width controller and step graphs: start-up's end (init_cuda_graphs)
         self._step_cost = None  # (bs, width, stage seconds, end time) of the last decode step
         trace = env.DEBUG_STEP_TRACE.get()
         self.trace = dflash_metrics.StepTrace(trace) if trace else None
@@ -115,7 +116,9 @@ class DFlashWorker(BaseSpecWorker):
 
     def init_cuda_graphs(self):
         """SGLang's last start-up hook (pools and attention backends exist): set up the width choice."""
-        self.width = make_controller(self)
+        self.graphs = make_step_graphs(self.device_type, self.model_runner.req_to_token_pool.size)
+        self.graph_seen: dict = {}  # graph counters already exported to the metrics
+        self.width = make_controller(self)  # after the graphs: the profile measures replayed steps
 
     def clear_cache_pool(self):
         pass
@@ -145,7 +148,8 @@ class DFlashWorker(BaseSpecWorker):
     def stats(self) -> dict:
         """Live counters for /server_info (internal_states[i]["dflash"])."""
         width = self.width.stats() if self.width is not None else {}
-        return {"draft_steps": self.draft_steps, "draft_failures": self.draft_failures, **width}
+        graphs = {"graphs": dict(self.graphs.counts)} if self.graphs is not None else {}
+        return {"draft_steps": self.draft_steps, "draft_failures": self.draft_failures, **width, **graphs}
 
     def _prefill(self, batch, on_publish):
         self._step_cost = None  # a prefill runs between: the gap is not the last decode step's
@@ -176,20 +180,7 @@ class DFlashWorker(BaseSpecWorker):
         return out
 
     def draft(self, req_pool_indices, prefix, slots, block_ids, positions, sampling, width=None) -> Proposal:
-        """One drafter forward over the whole block -> proposals for its first `width` rows (default
-        B). slots [bs*B]; block_ids, positions [bs, B]."""
-        req_to_token = self.model_runner.req_to_token_pool.req_to_token
-        cuda = self.device_type == "cuda"
-        attend = block_attention(
-            self.cfg, self.block_size, cuda, self.draft_kv, req_to_token, req_pool_indices, prefix, slots
-        )
-        sel = self.drafter.selector
-        k = None if sel is None else min(sel.top_k, self.vocab_size)
-        temps, noise, from_q = draft_sampling(sampling, k, self.block_size, PROPOSAL, block_ids.device)
-        embed = self.model_runner.model.model.embed_tokens
-        return propose(
-            self.drafter, attend, embed, self.draft_head, block_ids, positions, temps, noise, width, from_q
-        ).first(width or self.block_size)
+        return draft_step(self, req_pool_indices, prefix, slots, block_ids, positions, sampling, width)
 
     def _safe_draft(self, req_pool_indices, prefix, slots, block_ids, positions, sampling, width) -> Proposal:
         """Draft the block; if the drafter fails, verify the bare block [anchor, MASK...] instead:
@@ -204,17 +195,7 @@ class DFlashWorker(BaseSpecWorker):
             return Proposal(block_ids[:, :width])
 
     def _draft_failed(self, why: str, rows: int) -> None:
-        self.draft_failures += 1
-        if self.metrics is not None:
-            self.metrics.draft_failures.inc()
-        if self.draft_failures & (self.draft_failures - 1) == 0:  # 1st, 2nd, 4th, 8th...: the log stays short
-            logger.warning(
-                "DFLASH draft step failed (%s); %d request(s) of this batch decode without a draft "
-                "(output stays exact). Failures so far: %d",
-                why,
-                rows,
-                self.draft_failures,
-            )
+        draft_failed(self, why, rows)
 
     def _decode(self, batch, on_publish):
         B = self.block_size
@@ -235,9 +216,7 @@ class DFlashWorker(BaseSpecWorker):
         # 1) draft: one non-causal drafter forward proposes the whole block (trained size B); the
         #    step verifies its first W rows. W = 1 is a plain decode step: no draft forward at all.
         if W > 1:
-            proposal = self._safe_draft(
-                inp.req_pool_indices, prefix, slots.reshape(-1), block_ids, positions, sampling, W
-            )
+            proposal = self._safe_draft(inp.req_pool_indices, prefix, slots, block_ids, positions, sampling, W)
         else:
             proposal = Proposal(block_ids[:, :1])
         positions, slots = positions[:, :W], slots[:, :W]

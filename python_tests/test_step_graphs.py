@@ -1,0 +1,97 @@
+"""Step graphs (pipeline/step_graphs.py): buckets, padding into static buffers, one capture per
+shape, replays cut back to the batch, and fallbacks counted by reason; the fake backend records
+what the cache asked of it."""
+
+import pytest
+import torch
+
+from sglang_dflash.pipeline.step_graphs import EagerGraphs, StepGraphs, capture_buckets
+from sglang_dflash.testing.fake_graphs import FakeGraphs
+
+PADS = {"ids": -1, "x": 0.0, "opt": 0.0}
+SEEN = []  # every padded batch the step function saw
+
+
+def step(ids, x, opt):
+    """Row-independent, like a draft step: row i's outputs read row i's inputs only."""
+    SEEN.append(ids.clone())
+    y = x * 2 + ids[:, None]
+    return y, None if opt is None else opt + 1, ids.clone()
+
+
+def inputs(bs, with_opt=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "ids": torch.randint(0, 100, (bs,), generator=g),
+        "x": torch.randn(bs, 3, generator=g),
+        "opt": torch.randn(bs, 2, generator=g) if with_opt else None,
+    }
+
+
+def test_capture_buckets_follow_sglangs_list_and_cap():
+    assert capture_buckets([8, 1, 2, 4, 4, 16], 8) == [1, 2, 4, 8]
+    assert capture_buckets([1, 2, 4], None) == [1, 2, 4]
+    assert capture_buckets(None, 4) == []
+
+
+@pytest.mark.parametrize("bs", [1, 3, 4, 5])  # 1, inside a bucket, a bucket edge, one above it
+def test_padded_replay_equals_the_eager_step(bs):
+    fake = FakeGraphs()
+    graphs = StepGraphs([1, 4, 8], fake)
+    SEEN.clear()
+    for seed in range(3):
+        inp = inputs(bs, seed=seed)
+        got = graphs.run(step, inp, PADS, key=(4,))
+        want = step(**inp)
+        assert torch.equal(got[0], want[0]) and got[1] is None and torch.equal(got[2], want[2])
+    bucket = graphs.bucket(bs)
+    assert fake.captured == 1 and fake.replayed == 3 and graphs.counts == {"captured": 1, "replayed": 3}
+    padded = SEEN[-2]  # the replay's view (the last entry is the eager reference's own call)
+    assert padded.shape == (bucket,) and (padded[bs:] == -1).all()
+
+
+def test_one_capture_per_shape_and_smaller_batches_repad():
+    fake = FakeGraphs()
+    graphs = StepGraphs([2, 4], fake)
+    SEEN.clear()
+    graphs.run(step, inputs(4), PADS, key=(4,))
+    graphs.run(step, inputs(3, seed=1), PADS, key=(4,))  # the same bucket: rows 3.. padded again
+    assert (SEEN[-1][3:] == -1).all() and fake.captured == 1
+    graphs.run(step, inputs(3), PADS, key=(8,))  # another width: another shape
+    graphs.run(step, inputs(3, with_opt=True), PADS, key=(8,))  # an optional input present: another
+    out = graphs.run(step, inputs(2, with_opt=True), PADS, key=(8,))
+    assert fake.captured == 4 and len(graphs.entries) == 4
+    assert torch.equal(out[1], inputs(2, with_opt=True)["opt"] + 1)
+
+
+def test_fallbacks_are_counted_and_a_failed_shape_is_not_recaptured():
+    graphs = StepGraphs([1, 2], FakeGraphs())
+    inp = inputs(3)
+    out = graphs.run(step, inp, PADS)
+    assert torch.equal(out[0], step(**inp)[0])
+    assert graphs.counts["fallback:batch above the largest bucket"] == 1
+    broken = FakeGraphs(fail_capture=True)
+    graphs = StepGraphs([4], broken)
+    for _ in range(3):
+        out = graphs.run(step, inp, PADS)
+        assert torch.equal(out[0], step(**inp)[0])
+    assert graphs.counts["fallback:capture failed"] == 3 and broken.captured == 0 and not graphs.entries
+
+
+def test_eager_backend_is_the_cpu_twin():
+    graphs = StepGraphs([8], EagerGraphs())
+    for bs in (1, 5, 8):
+        inp = inputs(bs, with_opt=True, seed=bs)
+        got, want = graphs.run(step, inp, PADS), step(**inp)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert graphs.counts == {"captured": 1, "replayed": 3}
+
+
+def test_a_shape_first_seen_under_inference_mode_serves_later_steps():
+    """The start-up profile runs under inference mode; the scheduler's steps do not."""
+    graphs = StepGraphs([4], EagerGraphs())
+    with torch.inference_mode():
+        graphs.run(step, inputs(2), PADS)
+    inp = inputs(3, seed=2)
+    got = graphs.run(step, inp, PADS)
+    assert torch.equal(got[0], step(**inp)[0]) and graphs.counts == {"captured": 1, "replayed": 2}

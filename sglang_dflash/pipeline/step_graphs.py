@@ -1,0 +1,149 @@
+"""Stage (graphs): a step of a given shape replayed from what was captured for that shape.
+
+A shape is (batch-size bucket, width, which optional inputs are present). A batch is padded up to
+its bucket with rows that touch nothing real (their pad values: SGLang's padding slot 0, a
+zero-length prefix, the mask token), its inputs are copied into the static buffers of that shape,
+and the function captured for it is replayed; the outputs are cut back to the batch's rows. The
+buckets are SGLang's own (its decode capture list, capped by --cuda-graph-max-bs).
+
+Backends (the same padding and bookkeeping for all, so a CPU proves the code path a GPU runs):
+  - CudaGraphs: one torch.cuda.CUDAGraph per shape, all in one memory pool (SGLang's convention),
+    warmed up on a side stream before capture;
+  - EagerGraphs: the CPU twin: "replay" runs the function on the static buffers;
+  - testing.fake_graphs.FakeGraphs: records what was captured and replayed.
+A batch above the largest bucket, or a shape whose capture raised, runs eagerly on its own inputs
+and is counted as a fallback (by reason); a failed shape is never captured again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections import Counter
+from typing import Callable, Optional, Sequence
+
+import torch
+
+logger = logging.getLogger("sglang_dflash")
+
+Outputs = tuple  # of Optional[torch.Tensor], each [bs, ...] (None passes through)
+
+
+class EagerGraphs:
+    """The CPU twin: capture keeps the function, replay runs it on the static buffers."""
+
+    name = "eager"
+
+    def capture(self, fn: Callable[[], Outputs]):
+        return fn
+
+    def replay(self, handle) -> Outputs:
+        return handle()
+
+
+class CudaGraphs:
+    """torch.cuda.CUDAGraph per shape; the captured function must not sync with the host."""
+
+    name = "cuda"
+
+    def __init__(self, warmup: int = 2):
+        self.pool, self.warmup = None, warmup
+
+    def capture(self, fn: Callable[[], Outputs]):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # lazy inits and allocator warm-up, outside the graph
+            for _ in range(self.warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            out = fn()
+        self.pool = graph.pool()
+        return graph, out
+
+    def replay(self, handle) -> Outputs:
+        graph, out = handle
+        graph.replay()
+        return out
+
+
+class _Entry:
+    def __init__(self, static: dict, handle):
+        self.static, self.handle = static, handle
+
+
+def capture_buckets(sizes: Optional[Sequence[int]], max_bs: Optional[int]) -> list[int]:
+    """SGLang's capture batch sizes, capped by max_bs, sorted and unique (empty: nothing captured)."""
+    out = sorted({int(s) for s in (sizes or []) if int(s) > 0})
+    return [s for s in out if max_bs is None or s <= max_bs]
+
+
+class StepGraphs:
+    """The cache of captured step shapes. counts: captured / replayed / fallback:<reason>."""
+
+    def __init__(self, buckets: Sequence[int], backend):
+        self.buckets, self.backend = list(buckets), backend
+        self.entries: dict = {}
+        self.failed: set = set()
+        self.counts: Counter = Counter()
+
+    def bucket(self, bs: int) -> Optional[int]:
+        i = bisect.bisect_left(self.buckets, bs)
+        return self.buckets[i] if i < len(self.buckets) else None
+
+    def run(
+        self,
+        fn: Callable[..., Outputs],
+        inputs: dict,
+        pads: dict,
+        key: tuple = (),
+    ) -> Outputs:
+        """fn(**inputs) -> Outputs; inputs {name: tensor [bs, ...] or None}; pads {name: the value a
+        padded row holds}; key: what else fixes the shape (the width). The same outputs fn gives
+        on the inputs, each cut to the batch's bs rows."""
+        bs = next(v.shape[0] for v in inputs.values() if v is not None)
+        bucket = self.bucket(bs)
+        shape = (bucket, tuple(key), tuple(sorted(n for n, v in inputs.items() if v is not None)))
+        if bucket is None or shape in self.failed:
+            self.counts["fallback:" + ("batch above the largest bucket" if bucket is None else "capture failed")] += 1
+            return fn(**inputs)
+        entry = self.entries.get(shape)
+        if entry is None:
+            entry = self._capture(shape, fn, inputs, pads, bucket)
+            if entry is None:
+                return fn(**inputs)
+        for name, v in inputs.items():
+            if v is not None:
+                buf = entry.static[name]
+                buf[:bs].copy_(v)
+                if bs < bucket:
+                    buf[bs:].fill_(pads[name])
+        out = self.backend.replay(entry.handle)
+        self.counts["replayed"] += 1
+        return tuple(None if o is None else o[:bs] for o in out)
+
+    def _capture(self, shape, fn, inputs: dict, pads: dict, bucket: int) -> Optional[_Entry]:
+        static = {}
+        # Normal tensors even when the first step of a shape runs under inference mode (the
+        # start-up profile): an inference tensor could not be written by later steps outside it.
+        with torch.inference_mode(False):
+            for name, v in inputs.items():
+                if v is not None:
+                    static[name] = torch.full((bucket, *v.shape[1:]), pads[name], dtype=v.dtype, device=v.device)
+        for name, v in inputs.items():
+            if v is not None:
+                static[name][: v.shape[0]].copy_(v)
+        call = {n: static.get(n) for n in inputs}
+        try:
+            handle = self.backend.capture(lambda: fn(**call))
+        except Exception as e:  # noqa: BLE001 - a shape that cannot be captured runs eagerly, counted
+            self.failed.add(shape)
+            self.counts["fallback:capture failed"] += 1
+            logger.warning(
+                "DFLASH step graph capture failed for %s (%s: %s); it runs eagerly", shape, type(e).__name__, e
+            )
+            return None
+        self.counts["captured"] += 1
+        entry = self.entries[shape] = _Entry(static, handle)
+        return entry

@@ -1,0 +1,55 @@
+"""The worker's draft stage: one drafter forward over the block (through the step graphs when they
+are on), and what a failed draft step leaves behind (a count, a metric, a short log)."""
+
+from __future__ import annotations
+
+import logging
+
+from sglang_dflash import env
+from sglang_dflash.pipeline.attention_choice import block_attention
+from sglang_dflash.pipeline.draft import Proposal, draft_sampling, propose
+
+logger = logging.getLogger("sglang_dflash")
+PROPOSAL = env.PROPOSAL.get()  # DFlash 1 drafts for unseeded sampled rows (env.py)
+
+
+def draft_step(w, req_pool_indices, prefix, slots, block_ids, positions, sampling, width=None) -> Proposal:
+    """Worker w's drafter over the whole block -> proposals for its first `width` rows (default B).
+    req_pool_indices, prefix [bs]; slots, block_ids, positions [bs, B]. Under step graphs a batch is
+    padded to its bucket with rows that read and write nothing real: the padding slot 0, no
+    context (prefix 0), the mask token, greedy."""
+    req_to_token = w.model_runner.req_to_token_pool.req_to_token
+    cuda, B = w.device_type == "cuda", w.block_size
+    sel = w.drafter.selector
+    k = None if sel is None else min(sel.top_k, w.vocab_size)
+    temps, noise, from_q = draft_sampling(sampling, k, B, PROPOSAL, block_ids.device)
+    embed = w.model_runner.model.model.embed_tokens
+
+    def step(pool_rows, prefix, slots, block_ids, positions, temps, noise):
+        attend = block_attention(w.cfg, B, cuda, w.draft_kv, req_to_token, pool_rows, prefix, slots.reshape(-1))
+        p = propose(w.drafter, attend, embed, w.draft_head, block_ids, positions, temps, noise, width, from_q)
+        return p.tokens, p.cand_ids, p.q, p.q_rows, p.failed
+
+    args = dict(pool_rows=req_pool_indices, prefix=prefix, slots=slots, block_ids=block_ids, positions=positions)
+    args.update(temps=temps, noise=noise)
+    if w.graphs is None:
+        return Proposal(*step(**args)).first(width or B)
+    pads = dict(pool_rows=0, prefix=0, slots=0, block_ids=w.mask_token_id, positions=0, temps=0.0, noise=0.0)
+    out = w.graphs.run(step, args, pads, key=(width, from_q))
+    if w.metrics is not None:
+        w.metrics.record_graphs(w.graphs.counts, w.graph_seen)
+    return Proposal(*out).first(width or B)
+
+
+def draft_failed(w, why: str, rows: int) -> None:
+    w.draft_failures += 1
+    if w.metrics is not None:
+        w.metrics.draft_failures.inc()
+    if w.draft_failures & (w.draft_failures - 1) == 0:  # 1st, 2nd, 4th, 8th...: the log stays short
+        logger.warning(
+            "DFLASH draft step failed (%s); %d request(s) of this batch decode without a draft "
+            "(output stays exact). Failures so far: %d",
+            why,
+            rows,
+            w.draft_failures,
+        )
