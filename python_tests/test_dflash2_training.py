@@ -4,6 +4,7 @@ walk reads (and Viterbi would not follow); a warm-started DFlash 2 run trains th
 checkpoint the server's loader accepts."""
 
 import json
+import os
 
 import torch
 
@@ -123,3 +124,13 @@ def _embed(target):
     from sglang_dflash.train.target_files import load_embedding
 
     return load_embedding(target).float()
+
+
+def test_the_shipped_dflash2_drafter_loads_through_the_servers_checks():
+    from sglang_dflash.embedded import derive
+    from sglang_dflash.train.__main__ import DRAFTER_DIR
+
+    path = os.path.join(os.path.dirname(DRAFTER_DIR), "smollm2-135m-instruct-dflash2")
+    drafter, cfg, mask = load_exported(path, derive())
+    assert cfg.dflash2.selector_walk == "chain" and drafter.selector.top_k == 8 and mask == 16
+    assert cfg.draft_vocab_size == 16384 and hasattr(drafter.layers[1], "mlp_conv")
