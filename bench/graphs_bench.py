@@ -30,7 +30,6 @@ from sglang_dflash.pipeline.attention_choice import block_attention  # noqa: E40
 from sglang_dflash.pipeline.context_kv import DraftKVCache  # noqa: E402
 from sglang_dflash.pipeline.draft import propose  # noqa: E402
 from sglang_dflash.pipeline.step_graphs import EagerGraphs, StepGraphs  # noqa: E402
-from sglang_dflash.srt.graph_choice import DEFAULT_BUCKETS  # noqa: E402
 from sglang_dflash.train.__main__ import DRAFTER_DIR  # noqa: E402
 from sglang_dflash.train.target_files import load_target_tensor  # noqa: E402
 
@@ -92,7 +91,6 @@ def main():
             print(json.dumps(row), flush=True)
             rows.append(row)
     provenance.append_rows(OUT, rows, prov)
-    print("default buckets when SGLang's config has none:", DEFAULT_BUCKETS)
 
 
 if __name__ == "__main__":

@@ -197,9 +197,9 @@ def main():
                     r, _ = bench(srv, batch, c, max_new)
                     rows.append({"impl": name, "acceptance": acceptance, "identical_to_plain": same, **r})
                 if name == "ours+graphs":  # captured / replayed / fallback counts over the whole arm
-                    rows[-1]["graphs"] = dict(dflash_state(srv).get("graphs", {}))
+                    counts = dict(dflash_state(srv).get("graphs", {}))
                     for r in rows[-len(concs) :]:
-                        r["graphs"] = rows[-1]["graphs"]
+                        r["graphs"] = counts
         except (AssertionError, RuntimeError, TimeoutError, OSError) as e:
             errors[label] = f"{type(e).__name__}: {e}"[-2000:]
         report(complete=False)

@@ -131,9 +131,6 @@ class StepGraphs:
             for name, v in inputs.items():
                 if v is not None:
                     static[name] = torch.full((bucket, *v.shape[1:]), pads[name], dtype=v.dtype, device=v.device)
-        for name, v in inputs.items():
-            if v is not None:
-                static[name][: v.shape[0]].copy_(v)
         call = {n: static.get(n) for n in inputs}
         try:
             handle = self.backend.capture(lambda: fn(**call))

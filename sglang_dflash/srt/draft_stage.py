@@ -37,7 +37,7 @@ def draft_step(w, req_pool_indices, prefix, slots, block_ids, positions, samplin
     pads = dict(pool_rows=0, prefix=0, slots=0, block_ids=w.mask_token_id, positions=0, temps=0.0, noise=0.0)
     out = w.graphs.run(step, args, pads, key=(width, from_q))
     if w.metrics is not None:
-        w.metrics.record_graphs(w.graphs.counts, w.graph_seen)
+        w.metrics.record_graphs(w.graphs.counts)
     return Proposal(*out).first(width or B)
 
 

@@ -83,6 +83,7 @@ class DFlashMetrics:
         self.draft_tokens = Counter("sglang:dflash_draft_tokens", "Draft tokens proposed", names).labels(**labels)
         self.draft_failures = Counter("sglang:dflash_draft_failures", "Draft steps that raised", names).labels(**labels)
         self.graph_steps = Counter("sglang:dflash_graph_steps", "Draft steps by step graph", names + ["event"])
+        self.graph_seen: dict = {}  # the step graph totals already exported
         self.accepted = Counter(
             "sglang:dflash_accepted_tokens", "Drafts accepted per block position", names + ["position"]
         )
@@ -106,12 +107,12 @@ class DFlashMetrics:
             for s in STAGES
         }
 
-    def record_graphs(self, counts: dict, seen: dict) -> None:
-        """Step graph counters (StepGraphs.counts) since the last call (seen: what was reported)."""
+    def record_graphs(self, counts: dict) -> None:
+        """Step graph counters (StepGraphs.counts, running totals): what grew since the last call."""
         for event, n in counts.items():
-            if n > seen.get(event, 0):
-                self.graph_steps.labels(**self.labels, event=event).inc(n - seen.get(event, 0))
-                seen[event] = n
+            if n > self.graph_seen.get(event, 0):
+                self.graph_steps.labels(**self.labels, event=event).inc(n - self.graph_seen.get(event, 0))
+                self.graph_seen[event] = n
 
     def record(self, commit_lens: list[int], seconds: dict, width: int, rates: dict) -> None:
         """One step: tokens committed per request, stage seconds, the width verified, and the

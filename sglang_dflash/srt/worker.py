@@ -117,7 +117,6 @@ class DFlashWorker(BaseSpecWorker):
     def init_cuda_graphs(self):
         """SGLang's last start-up hook (pools and attention backends exist): set up the width choice."""
         self.graphs = make_step_graphs(self.device_type, self.model_runner.req_to_token_pool.size)
-        self.graph_seen: dict = {}  # graph counters already exported to the metrics
         self.width = make_controller(self)  # after the graphs: the profile measures replayed steps
 
     def clear_cache_pool(self):

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang_dflash.model.drafter import DFlashDrafter
+from sglang_dflash.train.dflash2 import selector_drafts
 
 
 @dataclass
@@ -165,12 +166,10 @@ def _accepted(
 ) -> torch.Tensor:
     """hidden [n, B-1, H], targets [n, B-1]; head [V, H]; vocab [N] the reduced draft vocabulary's
     token ids (argmax over those rows only); selector (DFlash 2) with anchors [n]: the drafts are
-    its best path, as served -> leading draft tokens equal to the targets [n]."""
+    its greedy walk, as served -> leading draft tokens equal to the targets [n]."""
     n, k, h = hidden.shape
     w = head if vocab is None else head[vocab]
     if selector is not None:
-        from sglang_dflash.train.dflash2 import selector_drafts
-
         pred = selector_drafts(selector, hidden, anchors, w, vocab)
     else:
         pred = (hidden.reshape(n * k, h).to(w.dtype) @ w.t()).argmax(-1)  # 2D: no bmm copy
