@@ -8,6 +8,8 @@
 //   M <= 2 (decode): stream W once front to back, two rows at a time, 4 FMA chains per row.
 //   M > 2 (verify rows): widen 4 rows of W into an fp32 tile once, then 3 x rows x 4 W rows of
 //   fp32 dot products per pass over K (12 accumulators), so each widened W row serves all M rows.
+// Where the CPU has AVX512-BF16 (and K % 32 == 0), every M runs native bf16 dot products instead
+// (rows_dp): no widening, W streamed once for blocks of 4 x rows.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -28,7 +30,7 @@ namespace {
 using bf16 = c10::BFloat16;
 constexpr int64_t NB = 4;  // W rows (output columns) per tile
 constexpr int64_t MB = 3;  // x rows per pass over a tile
-constexpr int64_t PF = 4096;  // prefetch distance (elements): 8 KB ahead; 2 rows 34 -> 27 ms a step, 1 row unchanged
+constexpr int64_t PF = 4096;  // prefetch distance (elements): 8 KB ahead, into L2 (see rows_stream)
 constexpr int64_t NS = 8;  // W rows per tile of the one-row (decode) path, and of the work split
 
 inline float widen(bf16 v) { return static_cast<float>(v); }
@@ -62,8 +64,11 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
 
 // Decode shapes: each W row is read from memory once and widened in registers. Two W rows at a time,
 // each split into 4 independent FMA chains over 32-element steps: 8 chains in flight, and W is read
-// front to back in one sequential stream (rows n, n+1 are adjacent), which the hardware prefetcher
-// follows. K % 8 == 0 (the 32-step tail runs 8 at a time).
+// front to back in one sequential stream (rows n, n+1 are adjacent). The software prefetch 8 KB
+// ahead goes into L2 (T1), not L1 (T0): an L1 prefetch holds one of the core's few L1 miss buffers
+// until its line arrives, which capped one core's stream at ~10 GB/s; into L2 it streams at ~23 GB/s,
+// this core's read bandwidth (one row over the embedded target's 269 MB: 26.5 -> 11.5 ms a step,
+// a standalone C loop on the AVX512-BF16 host). K % 8 == 0 (the 32-step tail runs 8 at a time).
 __attribute__((target("avx2,fma"))) void rows_stream(const float* x, int64_t M, const bf16* w, int64_t n0,
                                                      int64_t n1, int64_t K, const bf16* b, bf16* y, int64_t N) {
   int64_t n = n0;
@@ -74,8 +79,8 @@ __attribute__((target("avx2,fma"))) void rows_stream(const float* x, int64_t M, 
       __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
       int64_t k = 0;
       for (; k + 32 <= K; k += 32) {
-        _mm_prefetch(reinterpret_cast<const char*>(r0 + k + PF), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(r1 + k + PF), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(r0 + k + PF), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(r1 + k + PF), _MM_HINT_T1);
         const __m256 x0 = _mm256_loadu_ps(xr + k), x1 = _mm256_loadu_ps(xr + k + 8);
         const __m256 x2 = _mm256_loadu_ps(xr + k + 16), x3 = _mm256_loadu_ps(xr + k + 24);
         a0 = _mm256_fmadd_ps(x0, load_bf16(r0 + k), a0);
@@ -143,6 +148,65 @@ __attribute__((target("avx2,fma"))) void rows_tiled(const float* x, int64_t M, c
   tile_scalar(x, M, w, n, n1, K, b, y, N);
 }
 
+// GCC 12's _mm512_reduce_add_ps reads an _mm512_undefined_ps() on purpose; -Werror would stop it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Native bf16 dot products (AVX512-BF16): vdpbf16ps multiplies 32 bf16 pairs exactly and adds them
+// into 16 fp32 lanes, so neither x nor W is widened. A block is MR x rows against NR W rows, 32 k a
+// step, MR * NR accumulators; the W rows stream from memory once (prefetched into L2 as above) and
+// every x row of the block reuses them from registers. K % 32 == 0.
+template <int MR, int NR>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void dp_block(const bf16* x, int64_t K,
+                                                                           const bf16* w, int64_t n,
+                                                                           const bf16* b, bf16* y, int64_t N) {
+  __m512 acc[MR][NR];
+  for (auto& row : acc)
+    for (auto& v : row) v = _mm512_setzero_ps();
+  const bf16* r = w + n * K;
+  for (int64_t k = 0; k < K; k += 32) {
+    __m512bh wv[NR];
+    for (int j = 0; j < NR; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(r + j * K + k + PF), _MM_HINT_T1);
+      wv[j] = (__m512bh)_mm512_loadu_si512(r + j * K + k);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i * K + k);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j)
+      y[i * N + n + j] = bf16(_mm512_reduce_add_ps(acc[i][j]) + (b ? widen(b[n + j]) : 0.f));
+}
+
+// Rows n0..n1 of W against all M x rows: 4 W rows at a time; up to 3 x rows one by one (the 4 W rows
+// stay in L1 between them), more in blocks of 4 (one W pass serves 4 rows from registers).
+// One thread, the embedded target's GEMMs a step (a standalone loop of these blocks): 13.1 ms at
+// 1 row, 12.4 at 2-3, 14.3 at 4, 17.1 at 8, 29.2 at 16, against 26.5 / 27 / 36 / 66 / 99 for the AVX2
+// path with its old L1 prefetch.
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_dp(const bf16* x, int64_t M, const bf16* w,
+                                                                    int64_t n0, int64_t n1, int64_t K,
+                                                                    const bf16* b, bf16* y, int64_t N) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    int64_t m = 0;
+    if (M >= 4)
+      for (; m + 4 <= M; m += 4) dp_block<4, 4>(x + m * K, K, w, n, b, y + m * N, N);
+    for (; m < M; ++m) dp_block<1, 4>(x + m * K, K, w, n, b, y + m * N, N);
+  }
+  for (; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) dp_block<1, 1>(x + m * K, K, w, n, b, y + m * N, N);
+}
+
+#pragma GCC diagnostic pop
+
+bool has_avx512_bf16() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512bf16");
+  return ok;
+}
+
 bool has_avx2_fma() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return ok;
@@ -161,12 +225,18 @@ at::Tensor bf16_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
   const at::Tensor w = weight.contiguous();
   const at::Tensor x2 = x.reshape({-1, K});
   const int64_t M = x2.size(0);
-  // x rows widened once. One row runs as two (the row twice, the copy's output dropped): streaming W
+#ifdef DFLASH_X86
+  const bool dp = has_avx512_bf16() && K % 32 == 0;
+#else
+  const bool dp = false;
+#endif
+  // x rows widened once (the AVX2 path). One row runs as two (the row twice, the copy's output dropped): streaming W
   // with two x rows per W row pair measured 27.6 -> 18.4 ms a step over the embedded target's
   // weights (one thread, AVX512-BF16 host; bench/cpu_linear_bench.py), the first row's arithmetic
   // unchanged, so its result is bit-identical.
-  const bool twice = M == 1;
-  const at::Tensor xf = (twice ? x2.expand({2, K}) : x2).to(at::kFloat).contiguous();
+  const bool twice = M == 1 && !dp;
+  const at::Tensor xb = x2.contiguous();
+  const at::Tensor xf = dp ? xb : (twice ? x2.expand({2, K}) : x2).to(at::kFloat).contiguous();
   std::optional<at::Tensor> bc;
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == at::kBFloat16 && bias->numel() == N, "bf16_linear: bias must be [N] bfloat16");
@@ -176,7 +246,7 @@ at::Tensor bf16_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
   out_shape.back() = N;
   at::Tensor y = at::empty({twice ? 2 : M, N}, x.options());
   if (M == 0 || N == 0) return y.view(out_shape);
-  const float* xp = xf.data_ptr<float>();
+  const float* xp = dp ? nullptr : xf.data_ptr<float>();
   const bf16* wp = w.data_ptr<bf16>();
   const bf16* bp = bc ? bc->data_ptr<bf16>() : nullptr;
   bf16* yp = y.data_ptr<bf16>();
@@ -184,6 +254,10 @@ at::Tensor bf16_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
   at::parallel_for(0, tiles, 16, [&](int64_t t0, int64_t t1) {
     const int64_t n0 = t0 * NS, n1 = std::min(N, t1 * NS);
 #ifdef DFLASH_X86
+    if (dp) {
+      rows_dp(xb.data_ptr<bf16>(), M, wp, n0, n1, K, bp, yp, N);
+      return;
+    }
     if (has_avx2_fma() && K % 8 == 0) {
       if (M <= 2) {
         rows_stream(xp, twice ? 2 : M, wp, n0, n1, K, bp, yp, N);

@@ -89,6 +89,10 @@ def test_hooks_route_only_when_enabled(monkeypatch):
         # auto on a host with oneDNN's native bf16: ours only up to NATIVE_BF16_MAX_ROWS rows
         monkeypatch.setenv("SGLANG_DFLASH_CPU_LINEAR", "auto")
         monkeypatch.setattr(cpu_linear, "native_bf16", lambda: True)
+        monkeypatch.setattr(cpu_linear, "dot_bf16", lambda: True)  # AVX512-BF16: ours up to 64 rows
+        assert cpu_linear.enable("cpu", torch.bfloat16)
+        assert cpu_linear._state["max_rows"] == cpu_linear.DOT_BF16_MAX_ROWS
+        monkeypatch.setattr(cpu_linear, "dot_bf16", lambda: False)
         assert cpu_linear.enable("cpu", torch.bfloat16)
         n = cpu_linear.NATIVE_BF16_MAX_ROWS
         within_one_ulp(cpu_linear.linear_apply(original, None, layer, x[:n], b), x[:n], w, b)

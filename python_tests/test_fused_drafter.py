@@ -5,6 +5,7 @@ last layer's row cut (a width-W step runs the last MLP on W rows) keeps those ro
 
 import copy
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -97,3 +98,39 @@ def test_last_layer_row_cut_keeps_the_kept_rows():
     whole = propose(*args).tokens
     for width in (2, 4, 7):
         assert torch.equal(propose(*args, width=width).tokens, whole[:, :width])
+
+
+@pytest.mark.parametrize("walk", ["chain", "best"])
+@torch.inference_mode()
+def test_dflash2_width_cut_drafts_the_whole_blocks_first_rows(walk):
+    """A DFlash 2 drafter walking the chain drafts only the W-1 slots a width-W step verifies (the
+    walk reads slot j after slot j-1's pick only); Viterbi drafts every slot. Either way the greedy
+    and sampled proposals (tokens, candidates, q) are the whole block's first W rows."""
+    block, bs = 8, 3
+    dflash2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
+    model = _drafter(block_size=block, dflash=dflash2)
+    torch.nn.init.normal_(model.selector.predecessor_codebook, std=1.0)  # pair scores that matter
+    model.selector.walk = walk
+    emb, head = torch.randn(50, 32), torch.randn(50, 32)
+    ids = torch.randint(0, 49, (bs, block))
+    ids[:, 1:] = 49
+    pos = torch.arange(block).repeat(bs, 1) + 20
+    temps = torch.tensor([0.0, 1.0, 0.7])
+    gumbel = -torch.log(torch.empty(bs, block - 1, 4).exponential_())
+    args = (model, _per_request_attend(block), lambda t: emb[t], lambda h: h @ head.t(), ids, pos, temps, gumbel)
+    whole = propose(*args)
+    rows = []
+    forward = type(model).forward
+
+    def counting(self, x, *a, **k):
+        out = forward(self, x, *a, **k)
+        rows.append(out.shape[0])
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(model), "forward", counting)
+        for width in (2, 4, 7):
+            got, want = propose(*args, width=width).first(width), whole.first(width)
+            for name in ("tokens", "cand_ids", "q", "q_rows"):
+                torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-6)
+    assert rows == ([bs * w for w in (2, 4, 7)] if walk == "chain" else [bs * block] * 3)

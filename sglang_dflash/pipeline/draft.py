@@ -77,12 +77,16 @@ def propose(
     best path, a point mass) and gumbel [bs, B-1, K] noise: sampled DFlash 2 paths.
     width: the step verifies only the first W rows: the block is drafted whole (the drafter's trained
     size, every row in every attention), but for a DFlash 1 drafter the last layer's MLP and the LM
-    head (a [rows, vocab] matmul) run on those W rows / W-1 slots only.
+    head (a [rows, vocab] matmul) run on those W rows / W-1 slots only; so for a DFlash 2 drafter that
+    walks the chain (Viterbi reads every slot).
     sampled_slots (DFlash 1): rows with temperature > 0 draw their first sampled_slots drafts from
     the drafter's own q (see sample_drafts); gumbel [bs, B-1, DRAFT_TOP_K] is their noise."""
     bs, block = block_ids.shape
     selector = drafter.selector
-    keep = block if width is None or selector is not None else width  # the selector walks every slot
+    # A chain walk (greedy and sampled) reads slot j's edges after slot j-1's pick only, so a width-W
+    # step needs W-1 slots; Viterbi's best path reads every slot.
+    whole = width is None or (selector is not None and selector.walk != "chain")
+    keep = block if whole else width
     x = embed(block_ids.reshape(-1)).to(drafter.fc.weight.dtype)  # [bs*B, H]
     hidden = drafter(x, positions.reshape(-1), attend, block, keep).view(bs, keep, -1)
     slots = hidden[:, 1:, :]  # [bs, keep-1, H]

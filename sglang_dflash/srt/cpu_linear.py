@@ -10,7 +10,8 @@ ops a layer, bit-identical: ~8% of a width-1 step, bench/step_profile.py). A pla
 DFLASH worker) is left as SGLang made it.
 SGLANG_DFLASH_CPU_LINEAR: auto (every GEMM where oneDNN has no native bf16; where it has, GEMMs of up
 to NATIVE_BF16_MAX_ROWS rows: the decode and narrow-verify shapes, where streaming the weights once
-beats oneDNN), 1 (every GEMM of any bf16 CPU target), 0 (off).
+beats oneDNN; up to DOT_BF16_MAX_ROWS where the CPU has AVX512-BF16 and the kernel its native bf16
+dot products), 1 (every GEMM of any bf16 CPU target), 0 (off).
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ _state = {"on": False, "rope": False, "max_rows": None}
 # (bench/cpu_linear_bench.py): ours vs torch 19 vs 33 ms at 1 row, 16.7 vs 32.7 at 2, 28.6 vs 33.5 at
 # 3, 34.0 vs 35.2 at 4, 58.9 vs 39.7 at 8: ours up to 3 rows, oneDNN's tiles beyond.
 NATIVE_BF16_MAX_ROWS = 3
+# Where the CPU has AVX512-BF16 the kernel runs native bf16 dot products (rows_dp): on the same host,
+# one thread, 13.1 / 13.8 / 18.1 / 30.9 / 57.4 / 108.4 ms a step at 1 / 4 / 8 / 16 / 32 / 64 rows
+# against torch's 32.9 / 35.9 / 40.8 / 50.6 / 70.0 / 110.1: ours up to 64 rows (prefill chunks beyond
+# stay oneDNN's).
+DOT_BF16_MAX_ROWS = 64
 # rope_qk's scalar pass wins up to here; past it torch's vectorized ops do (bench/ops_bench.py, the
 # embedded target's heads; AVX2 host: 8.6x at 1 token, 2.7x at 16, 1.26x at 48, 0.7x at 128;
 # AVX512-BF16 host: 6.1x at 1, 1.69x at 16, 0.86x at 48, 0.57x at 128).
@@ -39,13 +45,26 @@ def native_bf16() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+def dot_bf16() -> bool:
+    """The CPU has AVX512-BF16, so bf16_linear takes its native path (csrc/bf16_linear_cpu.cpp
+    has_avx512_bf16 asks the same CPU flag)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
+    except OSError:
+        return False
+
+
 def enable(device_type: str, dtype: torch.dtype) -> bool:
     """Route this process's bf16 CPU GEMMs to bf16_linear when wanted; returns whether it is on."""
     from sglang_dflash import kernels
 
     _state["on"] = wanted(device_type, dtype) and kernels.load() == "extension"
     auto = env.CPU_LINEAR.get() == "auto"
-    _state["max_rows"] = NATIVE_BF16_MAX_ROWS if _state["on"] and auto and native_bf16() else None
+    rows = None
+    if _state["on"] and auto and native_bf16():
+        rows = DOT_BF16_MAX_ROWS if dot_bf16() else NATIVE_BF16_MAX_ROWS
+    _state["max_rows"] = rows
     rope = env.CPU_ROPE.get()
     cpu_bf16 = device_type == "cpu" and dtype == torch.bfloat16
     _state["rope"] = cpu_bf16 and rope != "0" and (rope == "1" or _state["on"]) and kernels.load() == "extension"

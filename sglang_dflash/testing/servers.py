@@ -22,10 +22,35 @@ PY = sys.executable
 LOG_DIR = dflash_env.TEST_LOGS.get()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_PORT_RNG = random.SystemRandom()  # a test's random.seed() must not make two runs pick the same ports
+_GIVEN: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(low: int = 12000, high: int = 21999) -> int:
+    """A free port below the kernel's ephemeral range: a server binds its HTTP port seconds after
+    start, and a port from bind(0) can meanwhile be handed to one of its own outgoing connections
+    or random-port sockets (a --dp-size 2 server lost its port that way). The range also stays
+    clear of SGLang's own below-ephemeral picks (22000-29999)."""
+    high = min(high, _ephemeral_low() - 1)
+    for port in _PORT_RNG.sample(range(low, high + 1), 64):
+        if port in _GIVEN:  # two ports asked for before either is bound
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            _GIVEN.add(port)
+            return port
+    raise RuntimeError(f"no free port in {low}-{high}")
 
 
 class Server:
