@@ -1,6 +1,6 @@
 """CPU step time of the draft stage per (batch, width): eager vs the step-graph CPU twin
-(pipeline/step_graphs.py EagerGraphs: padded to SGLang's CPU capture buckets, static buffers), in
-one run, the shipped drafter in bf16 on one thread, the worker's own step function (block attention
+(pipeline/step_graphs.py EagerGraphs: padded to SGLang's CPU capture buckets, static buffers) vs the
+twin compiled per shape (CompiledGraphs: torch.compile, its compile seconds reported), in one run, the shipped drafter in bf16 on one thread, the worker's own step function (block attention
 over a random context KV of --ctx tokens per request, draft.propose, the target's LM head rows).
 
     OMP_NUM_THREADS=1 SGLANG_USE_CPU_ENGINE=1 python bench/graphs_bench.py [--bs 1 4 17 32] [--width 4 8 16]
@@ -29,7 +29,7 @@ from sglang_dflash.model.loader import load_drafter  # noqa: E402
 from sglang_dflash.pipeline.attention_choice import block_attention  # noqa: E402
 from sglang_dflash.pipeline.context_kv import DraftKVCache  # noqa: E402
 from sglang_dflash.pipeline.draft import propose  # noqa: E402
-from sglang_dflash.pipeline.step_graphs import EagerGraphs, StepGraphs  # noqa: E402
+from sglang_dflash.pipeline.step_graphs import CompiledGraphs, EagerGraphs, StepGraphs  # noqa: E402
 from sglang_dflash.train.__main__ import DRAFTER_DIR  # noqa: E402
 from sglang_dflash.train.target_files import load_target_tensor  # noqa: E402
 
@@ -67,6 +67,7 @@ def main():
 
     pads = dict(pool_rows=0, prefix=0, slots=0, block_ids=cfg.mask_token_id, positions=0)
     graphs = StepGraphs(CPU_BUCKETS, EagerGraphs())
+    compiled = StepGraphs(CPU_BUCKETS, CompiledGraphs())
     prov, rows = provenance.stamp(), []
     for bs in a.bs:
         pool_rows = torch.arange(1, bs + 1)
@@ -78,16 +79,23 @@ def main():
             positions=torch.arange(a.ctx, a.ctx + B).repeat(bs, 1),
         )
         for w in a.width:
-            fn, t = step(w), {"eager": [], "graphs": []}
+            fn, t = step(w), {"eager": [], "graphs": [], "compiled": []}
+            t0 = time.perf_counter()
+            compiled.run(fn, inputs, pads, key=(w,))  # the capture: compiles this shape
+            compile_s = time.perf_counter() - t0
             for i in range(a.repeats + 2):
                 for arm in t:
                     t0 = time.perf_counter()
-                    fn(**inputs) if arm == "eager" else graphs.run(fn, inputs, pads, key=(w,))
+                    if arm == "eager":
+                        fn(**inputs)
+                    else:
+                        (graphs if arm == "graphs" else compiled).run(fn, inputs, pads, key=(w,))
                     if i >= 2:
                         t[arm].append((time.perf_counter() - t0) * 1e3)
-            e, g = statistics.median(t["eager"]), statistics.median(t["graphs"])
+            e, g, c = (statistics.median(t[k]) for k in ("eager", "graphs", "compiled"))
             row = dict(bs=bs, bucket=graphs.bucket(bs), width=w, eager_ms=round(e, 3), graphs_ms=round(g, 3))
-            row.update(graphs_over_eager=round(g / e, 3), ctx=a.ctx, threads=1)
+            row.update(compiled_ms=round(c, 3), compile_s=round(compile_s, 1))
+            row.update(graphs_over_eager=round(g / e, 3), compiled_over_eager=round(c / e, 3), ctx=a.ctx, threads=1)
             print(json.dumps(row), flush=True)
             rows.append(row)
     provenance.append_rows(OUT, rows, prov)

@@ -5,7 +5,7 @@ what the cache asked of it."""
 import pytest
 import torch
 
-from sglang_dflash.pipeline.step_graphs import EagerGraphs, StepGraphs, capture_buckets
+from sglang_dflash.pipeline.step_graphs import CompiledGraphs, EagerGraphs, StepGraphs, capture_buckets
 from sglang_dflash.testing.fake_graphs import FakeGraphs
 
 PADS = {"ids": -1, "x": 0.0, "opt": 0.0}
@@ -85,6 +85,21 @@ def test_eager_backend_is_the_cpu_twin():
         got, want = graphs.run(step, inp, PADS), step(**inp)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert graphs.counts == {"captured": 1, "replayed": 3}
+
+
+def test_compiled_backend_replays_a_compiled_step():
+    """CompiledGraphs: one compile per shape (at capture), replays equal to the eager step."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = StepGraphs([8], CompiledGraphs())
+    for bs in (1, 5, 8):
+        inp = inputs(bs, with_opt=True, seed=bs)
+        got, want = graphs.run(step, inp, PADS), step(**inp)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert graphs.counts == {"captured": 1, "replayed": 3}
+    assert counters["stats"]["unique_graphs"] >= 1  # dynamo traced the step (compiled, not eager)
 
 
 def test_a_shape_first_seen_under_inference_mode_serves_later_steps():

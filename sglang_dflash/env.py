@@ -150,8 +150,9 @@ GRAPHS = EnvVar(
     "auto",
     "DFLASH draft steps replayed per (batch-size bucket, width) from SGLang's capture buckets "
     "(pipeline/step_graphs.py): `cuda` (CUDA graphs), `eager` (the CPU twin: padded static buffers run "
-    "eagerly), `0` (off); `auto` is off until the draft stage is capture-safe (docs/graphs.md)",
-    choices=("auto", "cuda", "eager", "0"),
+    "eagerly), `compile` (the CPU twin compiled per shape with torch.compile), `0` (off); `auto` is off "
+    "until the draft stage is capture-safe (docs/graphs.md)",
+    choices=("auto", "cuda", "eager", "compile", "0"),
 )
 PROPOSAL = EnvVar(
     "SGLANG_DFLASH_PROPOSAL",

@@ -10,6 +10,7 @@ Backends (the same padding and bookkeeping for all, so a CPU proves the code pat
   - CudaGraphs: one torch.cuda.CUDAGraph per shape, all in one memory pool (SGLang's convention),
     warmed up on a side stream before capture;
   - EagerGraphs: the CPU twin: "replay" runs the function on the static buffers;
+  - CompiledGraphs: the CPU twin compiled per shape (torch.compile), measured against eager;
   - testing.fake_graphs.FakeGraphs: records what was captured and replayed.
 A batch above the largest bucket, or a shape whose capture raised, runs eagerly on its own inputs
 and is counted as a fallback (by reason); a failed shape is never captured again.
@@ -36,6 +37,26 @@ class EagerGraphs:
 
     def capture(self, fn: Callable[[], Outputs]):
         return fn
+
+    def replay(self, handle) -> Outputs:
+        return handle()
+
+
+class CompiledGraphs:
+    """The CPU twin compiled: capture compiles the step for its shape (torch.compile, static shapes:
+    the static buffers never change shape), replay runs the compiled code on the static buffers.
+    Compiling takes seconds per shape, so it pays only where a step's Python and op-by-op overhead
+    outweighs that over a server's life; bench/graphs_bench.py measures it per (batch, width)."""
+
+    name = "compile"
+
+    def __init__(self, compile_backend: str = "inductor"):
+        self.compile_backend = compile_backend
+
+    def capture(self, fn: Callable[[], Outputs]):
+        compiled = torch.compile(fn, backend=self.compile_backend, dynamic=False)
+        compiled()  # compile now (at capture), not at the first replay
+        return compiled
 
     def replay(self, handle) -> Outputs:
         return handle()

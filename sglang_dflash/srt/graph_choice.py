@@ -8,7 +8,7 @@ import logging
 from typing import Optional
 
 from sglang_dflash import env
-from sglang_dflash.pipeline.step_graphs import CudaGraphs, EagerGraphs, StepGraphs, capture_buckets
+from sglang_dflash.pipeline.step_graphs import CompiledGraphs, CudaGraphs, EagerGraphs, StepGraphs, capture_buckets
 
 logger = logging.getLogger("sglang_dflash")
 
@@ -34,6 +34,6 @@ def make_step_graphs(device_type: str, max_running: int) -> Optional[StepGraphs]
     sizes = (getattr(decode, "bs", None) if decode is not None else None) or DEFAULT_BUCKETS
     cap = getattr(decode, "max_bs", None) if decode is not None else None
     buckets = capture_buckets(sizes, min(cap or max_running, max_running))
-    backend = CudaGraphs() if mode == "cuda" else EagerGraphs()
+    backend = CudaGraphs() if mode == "cuda" else CompiledGraphs() if mode == "compile" else EagerGraphs()
     logger.info("DFLASH step graphs: %s backend, batch-size buckets %s", backend.name, buckets)
     return StepGraphs(buckets, backend)

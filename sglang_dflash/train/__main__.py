@@ -84,9 +84,10 @@ def main(argv=None):
     )
     ap.add_argument(
         "--prompts",
-        choices=["templates", "corpus"],
+        choices=["templates", "corpus", "long"],
         default="templates",
-        help="datagen's prompts: prompts.py's templates, or the corpus documents' user turns",
+        help="datagen's prompts: prompts.py's templates, the corpus documents' user turns, or long "
+        "prompts (a whole installed file or document, then a question: long_prompts.py)",
     )
     ap.add_argument("--no-text", action="store_true", help="answers only (no corpus, no documents)")
     ap.add_argument("--draft-vocab", type=int, default=0, help="train over a reduced draft vocabulary (0: full)")

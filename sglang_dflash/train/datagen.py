@@ -33,16 +33,20 @@ def shard_prompts(
     n: int, seed: int, shard: int, shards: int, done: set, source: str = "templates", exclude=frozenset()
 ) -> list[dict]:
     """Shard `shard` of `shards`: every shards-th of the first n prompts, those not answered yet.
-    source: "templates" (prompts.py) or "corpus" (the corpus documents' user turns, those in
-    `exclude` left out)."""
+    source: "templates" (prompts.py), "corpus" (the corpus documents' user turns, those in
+    `exclude` left out) or "long" (long_prompts.py: whole files and documents, then a question)."""
     if source == "corpus":
         from sglang_dflash.train.corpus import ask_prompts
 
         prompts = ask_prompts(seed, exclude)[:n]
+    elif source == "long":
+        from sglang_dflash.train.long_prompts import long_prompts
+
+        prompts = long_prompts(seed)[:n]
     elif source == "templates":
         prompts = generate(n, seed)
     else:
-        raise ValueError(f"--prompts {source!r}: use 'templates' or 'corpus'")
+        raise ValueError(f"--prompts {source!r}: use 'templates', 'corpus' or 'long'")
     return [p for i, p in enumerate(prompts) if i % shards == shard and p["id"] not in done]
 
 
