@@ -96,6 +96,7 @@ def main():
             row = dict(bs=bs, bucket=graphs.bucket(bs), width=w, eager_ms=round(e, 3), graphs_ms=round(g, 3))
             row.update(compiled_ms=round(c, 3), compile_s=round(compile_s, 1))
             row.update(graphs_over_eager=round(g / e, 3), compiled_over_eager=round(c / e, 3), ctx=a.ctx, threads=1)
+            row.update({k: prov[k] for k in ("commit", "dirty", "time", "host")})
             print(json.dumps(row), flush=True)
             rows.append(row)
     provenance.append_rows(OUT, rows, prov)

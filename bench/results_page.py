@@ -28,6 +28,7 @@ from results_tables import (  # noqa: E402
     served,
     step_profile,
     cpu_linear,
+    graphs_bench,
     soak,
     spread,
     table,
@@ -102,6 +103,7 @@ def page(head_lines: list[str]) -> str:
     known = {"real_bench", "tiny_bench", "soak", "drafter_arms", "train_summary", "width_trace", "ops_cpu"}
     known |= {"draft_head", "sampling_bench", "train_step", "attention_bench", "draft_rope"}
     known |= {"scale_out", "step_profile", "cpu_linear", "gpu_check_kernels", "peer_bench", "datagen"} & found_kinds()
+    known |= {"graphs_bench"} & found_kinds()
     found = {os.path.basename(p)[: -len(".jsonl")] for p in glob.glob(os.path.join(RESULTS, "*.jsonl"))}
     assert found == known, (
         f"results files without a section here: {found - known}; sections without a file: {known - found}"
@@ -145,6 +147,15 @@ def page(head_lines: list[str]) -> str:
                 *cpu_linear(),
             ]
             if "cpu_linear" in known
+            else []
+        ),
+        *(
+            [
+                "## The draft stage under step graphs on CPU (`graphs_bench.jsonl`, `python bench/graphs_bench.py`)",
+                "",
+                *graphs_bench(),
+            ]
+            if "graphs_bench" in known
             else []
         ),
         *(

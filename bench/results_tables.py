@@ -267,3 +267,18 @@ def cpu_linear() -> list[str]:
         out += [f"Run `{run}` ({about(rs)}, {rs[0]['cpu_capability']}, {rs[0]['threads']} thread):", ""]
         out += table(["rows", "torch bf16 ms", "ours bf16 ms", "torch fp32 ms", "ours vs torch bf16"], body) + [""]
     return out
+
+
+def graphs_bench() -> list[str]:
+    """The draft stage per (batch, width) on CPU: eager, the step-graph twin, the compiled twin."""
+    out = []
+    for run, rs in runs(rows("graphs_bench")).items():
+        get = lambda r, k: f2(r[k]) if k in r else "-"  # noqa: E731  (the compiled arm came later)
+        body = [
+            [r["bs"], r["width"], f2(r["eager_ms"]), f2(r["graphs_ms"]), get(r, "compiled_ms"), get(r, "compile_s")]
+            for r in rs
+        ]
+        where = about(rs) + ", " if "commit" in rs[0] else ""
+        out += [f"Run `{run}` ({where}context {rs[0]['ctx']}, {rs[0]['threads']} thread):", ""]
+        out += table(["bs", "width", "eager ms", "eager twin ms", "compiled twin ms", "compile s"], body) + [""]
+    return out

@@ -69,6 +69,7 @@ def propose(
     gumbel: Optional[torch.Tensor] = None,
     width: Optional[int] = None,
     sampled_slots: int = 0,
+    sampled: Optional[bool] = None,
 ) -> Proposal:
     """block_ids, positions [bs, B]; attend: non-causal attention over context + block per request.
     embed: token ids [N] -> [N, H] (the target's); logits_fn: [N, H] -> [N, V] (the target's LM head;
@@ -80,9 +81,14 @@ def propose(
     head (a [rows, vocab] matmul) run on those W rows / W-1 slots only; so for a DFlash 2 drafter that
     walks the chain (Viterbi reads every slot).
     sampled_slots (DFlash 1): rows with temperature > 0 draw their first sampled_slots drafts from
-    the drafter's own q (see sample_drafts); gumbel [bs, B-1, DRAFT_TOP_K] is their noise."""
+    the drafter's own q (see sample_drafts); gumbel [bs, B-1, DRAFT_TOP_K] is their noise.
+    sampled: whether some row of temperatures is > 0, known on the host (draft_sampling), so the
+    step never reads a device value back (a CUDA graph cannot capture that); None: checked here."""
     bs, block = block_ids.shape
     selector = drafter.selector
+    if temperatures is not None and sampled is None:
+        sampled = bool((temperatures > 0).any())
+    sampled = temperatures is not None and bool(sampled)
     # A chain walk (greedy and sampled) reads slot j's edges after slot j-1's pick only, so a width-W
     # step needs W-1 slots; Viterbi's best path reads every slot.
     whole = width is None or (selector is not None and selector.walk != "chain")
@@ -94,7 +100,7 @@ def propose(
     logits = logits_fn(slots.reshape(bs * (keep - 1), -1)).view(bs, keep - 1, -1)  # [bs, keep-1, V]
     out = block_ids[:, :keep].clone()
     if selector is None:
-        if sampled_slots and temperatures is not None and bool((temperatures > 0).any()):
+        if sampled_slots and sampled:
             drafts = sample_drafts(out, logits, temperatures, sampled_slots, gumbel, drafter.to_target)
             return guard(drafts, block_ids, ok)
         out[:, 1:] = drafter.to_target(logits.float().argmax(dim=-1))  # float32: ~4x faster on CPU, same ties
@@ -103,7 +109,7 @@ def propose(
     cand = drafter.to_target(cand)
     edges = selector.edges(block_ids[:, 0], cand, values, slots)  # [bs, B-1, K, K]
     idx, q, rows = greedy_path(edges, selector.walk), None, None
-    if temperatures is not None and bool((temperatures > 0).any()):
+    if sampled:
         rows = temperatures > 0
         sampled_idx, q = sample_path(edges, temperatures.clamp_min(1e-6), gumbel)
         idx = torch.where(rows[:, None], sampled_idx, idx)
@@ -142,11 +148,15 @@ def draft_sampling(sampling, selector_k: Optional[int], block: int, rule: str, d
     slots) for propose(): DFlash 2 (selector_k = its K) samples paths; DFlash 1 draws drafts from q
     under rule "q1" / "qall" ("argmax": point masses only). Seeded rows always draft a point mass,
     verified by sample-and-match, so their tokens depend only on (seed, position) whatever the verify
-    widths and the batch (a rejection against q depends on where blocks start, and widths move that)."""
+    widths and the batch (a rejection against q depends on where blocks start, and widths move that).
+    temperatures None: no row draws from q (then propose needs no sampled check)."""
     if sampling is None or (selector_k is None and rule == "argmax"):
         return None, None, 0
+    seeds = sampling.seeds or [None] * sampling.temperatures.numel()
+    if sampling.sampled is not None and not any(f and s is None for f, s in zip(sampling.sampled, seeds)):
+        return None, None, 0  # every row greedy or seeded: point masses (known on the host, no sync)
     temps = sampling.temperatures.reshape(-1).to(device)
-    seeded = torch.tensor([s is not None for s in sampling.seeds or [None] * len(temps)], device=device)
+    seeded = torch.tensor([s is not None for s in seeds], device=device)
     temps = torch.where(seeded, 0.0, temps)
     k = selector_k if selector_k is not None else DRAFT_TOP_K
     noise = gumbel(len(temps), block - 1, k, None, None, WALK, device)

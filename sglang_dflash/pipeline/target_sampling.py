@@ -39,6 +39,7 @@ class SamplingRows:
     # cuts top-p on that (top_k_renorm_prob -> top_p_renorm_prob -> min-p); its other paths (and the
     # torch sampler SGLang runs on CPU) cut top-k and top-p jointly on the unrenormalized mass.
     top_k_first: bool = False
+    sampled: Optional[list] = None  # [bs] host-side bool: the row samples (temperature > 0, top_k != 1)
 
 
 def target_tokens(

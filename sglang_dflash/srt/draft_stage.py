@@ -23,11 +23,15 @@ def draft_step(w, req_pool_indices, prefix, slots, block_ids, positions, samplin
     sel = w.drafter.selector
     k = None if sel is None else min(sel.top_k, w.vocab_size)
     temps, noise, from_q = draft_sampling(sampling, k, B, PROPOSAL, block_ids.device)
+    # host-known (SGLang's requests), so the draft step reads nothing back from the device
+    sampled = None if sampling is None or sampling.sampled is None else temps is not None
     embed = w.model_runner.model.model.embed_tokens
 
     def step(pool_rows, prefix, slots, block_ids, positions, temps, noise):
         attend = block_attention(w.cfg, B, cuda, w.draft_kv, req_to_token, pool_rows, prefix, slots.reshape(-1))
-        p = propose(w.drafter, attend, embed, w.draft_head, block_ids, positions, temps, noise, width, from_q)
+        p = propose(
+            w.drafter, attend, embed, w.draft_head, block_ids, positions, temps, noise, width, from_q, sampled
+        )
         return p.tokens, p.cand_ids, p.q, p.q_rows, p.failed
 
     args = dict(pool_rows=req_pool_indices, prefix=prefix, slots=slots, block_ids=block_ids, positions=positions)

@@ -33,6 +33,7 @@ def sampling_rows(batch, flashinfer_sampler: bool = False) -> Optional[SamplingR
         [r.sampling_params.sampling_seed for r in batch.reqs],
         [len(r.output_ids) for r in batch.reqs],
         top_k_first=flashinfer_sampler and bool(sinfo.need_min_p_sampling),
+        sampled=sampled_flags(batch),
     )
 
 
