@@ -29,9 +29,7 @@ def draft_step(w, req_pool_indices, prefix, slots, block_ids, positions, samplin
 
     def step(pool_rows, prefix, slots, block_ids, positions, temps, noise):
         attend = block_attention(w.cfg, B, cuda, w.draft_kv, req_to_token, pool_rows, prefix, slots.reshape(-1))
-        p = propose(
-            w.drafter, attend, embed, w.draft_head, block_ids, positions, temps, noise, width, from_q, sampled
-        )
+        p = propose(w.drafter, attend, embed, w.draft_head, block_ids, positions, temps, noise, width, from_q, sampled)
         return p.tokens, p.cand_ids, p.q, p.q_rows, p.failed
 
     args = dict(pool_rows=req_pool_indices, prefix=prefix, slots=slots, block_ids=block_ids, positions=positions)
