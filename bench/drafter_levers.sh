@@ -12,7 +12,9 @@
 # 3. arms, each MINUTES_PER_ARM of training (one at a time, two threads), warm-started from the
 #    shipped drafter: recipe (its last warm start's settings), grow4 (4 layers grown from it, copy
 #    init), distil (--distil 0.5), shape (gamma 7, 32 anchors x 4 sequences per step), dflash2 (DFlash 2
-#    grown from it: convolutions and the path selector trained, train/dflash2.py).
+#    grown from it: convolutions and the path selector trained, train/dflash2.py), long (the same data
+#    plus the target's answers to long prompts: a whole installed file or document, then a question,
+#    train/long_prompts.py; several hundred to ~1,300 tokens of prompt before each answer).
 # 4. bench/drafter_arms.py over parent + arms on the templated held-out answers and the unseen set
 #    (SKIP_WALKS=1: arms only; a later run with the same WORKDIR walks them all).
 set -euo pipefail
@@ -45,6 +47,18 @@ if [ ! -e "$W/data/features.done" ]; then  # once: a rerun must not grow the arm
   touch "$W/data/features.done"
 fi
 
+if [[ " $ARMS " == *" long "* ]] && [ ! -e "$W/long/features.done" ]; then
+  log "long-prompt answers (a whole installed file or document, then a question) + their features"
+  mkdir -p "$W/long"
+  for s in 0 1; do  # two shards side by side, both through DFLASH (same chains)
+    OMP_NUM_THREADS=1 $T datagen --workdir "$W/long" --prompts long --n 320 --seed 9 --shard $s --shards 2 \
+      --datagen-minutes 12 --datagen-draft "$PARENT" > "$W/long/datagen.$s.log" 2>&1 &
+  done
+  wait
+  $T features --workdir "$W/long" --features-minutes 12 --min-train-minutes 0 --no-text
+  touch "$W/long/features.done"
+fi
+
 COMMON=(--seed 9 --keep-draft-vocab --lr 3e-4 --warmup-steps 200 --ckpt-minutes 3)
 for arm in $ARMS; do
   A="$W/arm-$arm"
@@ -59,6 +73,7 @@ for arm in $ARMS; do
            init=$W/grow4; extra=(--num-layers 4) ;;
     distil) extra=(--distil 0.5) ;;
     shape) extra=(--gamma 7 --anchors 32 --seqs 4) ;;
+    long) extra=(--extra-features "$W/long") ;;  # the same data plus the long-prompt answers
     dflash2) $T dflash2 --drafter "$PARENT" --out "$W/dflash2"   # identity convolutions, a zero selector
              init=$W/dflash2 ;;
     *) echo "unknown arm $arm" >&2; exit 2 ;;
