@@ -13,8 +13,9 @@ Design (so a noisy 2-core machine cannot decide a ratio; one server at a time):
   adaptive then adaptive, fixed<B>, plain), a fresh server per arm and repeat. Each server gets the same warm-up (2
   prompts x 8 tokens at every temperature, excluded from the numbers), and the prefix cache is
   flushed (POST /flush_cache) before every row, warm-up included.
-- A row's speedup is paired: its tok/s over plain's tok/s in the same repeat; rows report mean,
-  min, max and stdev of tok/s and of the speedup over repeats.
+- A row's speedup is paired: its tok/s over plain's tok/s in the same repeat (over the first arm's,
+  `speedup_over`, in a run without plain); rows report mean, min, max and stdev of tok/s and of the
+  speedup over repeats.
 
 Per configuration: output tokens/s, speedup, tau (provenance.tau: committed tokens / verify
 steps, pooled over requests and repeats; the server's sglang:dflash_accept_length histogram is
@@ -153,9 +154,10 @@ def warm_up(srv, batch, temps):
         run(srv, batch[:2], 2, 8, temp)
 
 
-def collate(runs, prov, argv, match_sched, max_new):
-    """Per (config, temperature, concurrency): spreads over repeats, pooled latencies and histogram."""
-    summary = provenance.summarize(runs, ("temperature", "concurrency"))
+def collate(runs, prov, argv, match_sched, max_new, baseline="plain"):
+    """Per (config, temperature, concurrency): spreads over repeats, pooled latencies and histogram.
+    Speedups are over `baseline` (plain, or the first arm of a run without plain)."""
+    summary = provenance.summarize(runs, ("temperature", "concurrency"), baseline)
     rows = []
     for (cfg, temp, conc), agg in summary.items():
         rs = [r for r in runs if (r["config"], r["temperature"], r["concurrency"]) == (cfg, temp, conc)]
@@ -176,6 +178,7 @@ def collate(runs, prov, argv, match_sched, max_new):
                 "requests": rs[0]["requests"],
                 "max_new_tokens": max_new,
                 **agg,
+                "speedup_over": baseline,
                 "tau_hist": {str(k): int(v) for k, v in sorted(hist.items()) if v},
                 "width_steps": {str(k): int(v) for k, v in sorted(widths.items()) if v},
                 "wall_s_runs": [round(r["wall_s"], 2) for r in rs],
@@ -258,7 +261,8 @@ def main():
                             flush=True,
                         )
                         runs.append(r)
-    rows = collate(runs, prov, argv, a.match_sched, a.max_new_tokens)
+    baseline = "plain" if "plain" in a.arms else a.arms[0]
+    rows = collate(runs, prov, argv, a.match_sched, a.max_new_tokens, baseline)
     for r in rows:
         r["env"], r["seeded"], r["ignore_eos"] = arms[r["config"]][2], not a.unseeded, a.ignore_eos
         if a.label:

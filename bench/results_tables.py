@@ -67,7 +67,8 @@ def served(kind: str) -> list[str]:
         out += [f"### `{run}`" + (f": {r0['label']}" if r0.get("label") else ""), ""]
         out += [f"{about(rs)}; {', '.join(opts)}.", ""]
         lat = "latency_p50" in r0
-        head = ["config", "T", "conc", "tok/s (min-max)", "speedup (min-max)", "tau", "widths"]
+        over = r0.get("speedup_over", "plain")
+        head = ["config", "T", "conc", "tok/s (min-max)", f"speedup over {over} (min-max)", "tau", "widths"]
         head += ["latency p50/p99 s"] if lat else ["TTFT p50/p99 s", "ITL p50/p99 ms"]
         body = []
         for r in rs:
