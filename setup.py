@@ -48,21 +48,27 @@ if os.environ.get("SGLANG_DFLASH_BUILD_EXT", "1") != "0":
     from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
     flags = compile_args()
-    depends = ["csrc/dflash_checks.h"]  # shared argument checks; listed so sdists ship it
+    depends = ["csrc/dflash_checks.h", "csrc/chain_attention_body.h"]  # included headers; listed so sdists ship them
     want_cuda = os.environ.get("FORCE_CUDA") == "1" or bool(os.environ.get("CUDA_HOME"))
     if want_cuda:
         os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list()
         print("sglang_dflash: building CUDA for TORCH_CUDA_ARCH_LIST=" + os.environ["TORCH_CUDA_ARCH_LIST"])
         ext = CUDAExtension(
             "sglang_dflash._C",
-            ["csrc/dflash_ops.cpp", "csrc/bf16_linear_cpu.cpp", "csrc/rope_cpu.cpp", "csrc/dflash_ops_cuda.cu"],
+            [
+                "csrc/dflash_ops.cpp",
+                "csrc/bf16_linear_cpu.cpp",
+                "csrc/rope_cpu.cpp",
+                "csrc/chain_attention_cpu.cpp",
+                "csrc/dflash_ops_cuda.cu",
+            ],
             depends=depends,
             extra_compile_args=flags,
         )
     else:
         ext = CppExtension(
             "sglang_dflash._C",
-            ["csrc/dflash_ops.cpp", "csrc/bf16_linear_cpu.cpp", "csrc/rope_cpu.cpp"],
+            ["csrc/dflash_ops.cpp", "csrc/bf16_linear_cpu.cpp", "csrc/rope_cpu.cpp", "csrc/chain_attention_cpu.cpp"],
             depends=depends,
             extra_compile_args={"cxx": flags["cxx"]},
         )

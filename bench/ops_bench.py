@@ -1,5 +1,6 @@
 """CPU microbenchmark: each csrc/ op against its torch reference (5 drafter layers, 2048 tokens,
-head_dim 64 and 128; rope_qk at the embedded target's heads), measured side by side in one run (the timing code is the GPU check's,
+head_dim 64 and 128; rope_qk at the embedded target's heads; chain_attention against the gather + SDPA
+path it replaces, one layer), measured side by side in one run (the timing code is the GPU check's,
 bench/checks/gpu_check.py). Appends one run to bench/results/ops_cpu.jsonl and prints its table."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import provenance  # noqa: E402
 from gpu_check import check_accept, check_write, timeit  # noqa: E402
 from sglang_dflash import kernels  # noqa: E402
 from sglang_dflash.kernels.reference import rope_qk_ref  # noqa: E402
+from sglang_dflash.pipeline import attention  # noqa: E402
 
 
 OUT = os.path.join(ROOT, "bench", "results", "ops_cpu.jsonl")
@@ -36,14 +38,36 @@ def check_rope(T: int, hq=9, hk=3, head=64) -> dict:
     return {"op": "rope_qk", "tokens": T, "dtype": "torch.bfloat16", "ok": ok, "op_ms": t_op * 1e3, "ref_ms": t_ref * 1e3, "speedup": t_ref / t_op}  # fmt: skip
 
 
+def check_chain(bs: int, B: int, keys=320, heads=(9, 3, 64)) -> dict:
+    """chain_attention vs attend_plan (index_select the visible K/V rows, then SDPA) for one layer of
+    the embedded target's heads, bf16: bs requests of B causal rows, ~`keys` keys each, scattered slots."""
+    H, Hkv, D = heads
+    g = torch.Generator().manual_seed(bs * 100 + B)
+    S = 16384
+    k, v = torch.randn(S, Hkv, D, generator=g).bfloat16(), torch.randn(S, Hkv, D, generator=g).bfloat16()
+    prefix = keys + 7 * torch.arange(bs)
+    slots = torch.stack([torch.randperm(S, generator=g)[: int(prefix.max()) + B] for _ in range(bs)])
+    q = torch.randn(bs * B, H, D, generator=g).bfloat16()
+    plan = attention.plan_rows(slots, prefix, B, prefix.tolist(), causal=True)
+    op = kernels.ops().chain_attention
+    got, want = op(q, k, v, slots, prefix, 0.125, True), attention.attend_plan(plan, q, k, v, 0.125)
+    ok = bool((got.float() - want.float()).abs().max() < 2e-2)
+    t_op = timeit(lambda: op(q, k, v, slots, prefix, 0.125, True), "cpu", reps=50)
+    t_ref = timeit(lambda: attention.attend_plan(plan, q, k, v, 0.125), "cpu", reps=50)
+    return {"op": "chain_attention", "batch": bs, "block": B, "keys": keys, "dtype": "torch.bfloat16", "ok": ok, "op_ms": t_op * 1e3, "ref_ms": t_ref * 1e3, "speedup": t_ref / t_op}  # fmt: skip
+
+
 def main(out=OUT):
     prov = provenance.stamp()  # before the run writes its result rows
     rows = [check_write("cpu", D, dt) for D in (64, 128) for dt in (torch.float32, torch.bfloat16)]
     rows.append(check_accept("cpu"))
     rows += [check_rope(T) for T in (1, 16, 128)]
+    rows += [check_chain(bs, B) for bs in (1, 16) for B in (1, 2, 4, 8)]
     keep = ("commit", "dirty", "dirty_files", "time", "host")
     provenance.append_rows(out, [{**r, **{k: prov[k] for k in keep}} for r in rows], prov)
-    print("| op | shape | dtype | C++ ms | torch ref ms | speedup |\n|---|---|---|---|---|---|")
+    print(
+        "| op | shape | dtype | C++ ms | torch ref ms | speedup |\n|---|---|---|---|---|---|"
+    )  # ref: gather + SDPA for chain_attention
     for r in rows:
         if r["op"] == "rope_qk":
             shape = f"T={r['tokens']} heads 9/3/64"

@@ -30,7 +30,10 @@ from provenance import append_rows, base_fields, stamp  # noqa: E402
 # (stage, substrings of a frame): the first match from the leaf upward wins
 STAGES = [
     ("gemm", ("linear.py", "F.linear", "(linear)", "matmul", "apply_weights", "logits_processor.py")),
-    ("attention", ("torch_native_backend", "radix_attention", "scaled_dot_product", "pipeline/attention")),
+    (
+        "attention",
+        ("torch_native_backend", "radix_attention", "scaled_dot_product", "pipeline/attention", "torch_native_verify"),
+    ),
     ("norm/rope/act", ("layernorm", "rotary_embedding", "activation.py", "rms_norm")),
     ("sgl_kernel stand-ins", ("sgl_kernel_cpu.py",)),
     ("draft (ours)", ("pipeline/draft.py", "model/drafter.py", "context_kv.py", "srt/draft_head.py")),

@@ -132,6 +132,8 @@ TORCH_LIBRARY(sglang_dflash, m) {
   m.def("bf16_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");  // CPU only: bf16_linear_cpu.cpp
   m.def("rope_qk(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, bool neox) "
         "-> (Tensor, Tensor)");  // CPU only: rope_cpu.cpp
+  m.def("chain_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor prefix, float scale, "
+        "bool causal) -> Tensor");  // CPU only: chain_attention_cpu.cpp
 }
 
 TORCH_LIBRARY_IMPL(sglang_dflash, CPU, m) {

@@ -144,6 +144,14 @@ CPU_ROPE = EnvVar(
     "to SGLang's): `auto` (with the CPU GEMM kernel), `1` (any bf16 CPU target), `0` (SGLang's)",
     choices=("auto", "1", "0"),
 )
+CPU_ATTENTION = EnvVar(
+    "SGLANG_DFLASH_CPU_ATTENTION",
+    str,
+    "1",
+    "DFLASH servers' verify and draft-block attention on CPU through our fused op (csrc/chain_attention_cpu.cpp: "
+    "K/V read in place through the slot table, no gathered copy): `1` (float32 and bf16), `0` (gather + torch SDPA)",
+    choices=("1", "0"),
+)
 GRAPHS = EnvVar(
     "SGLANG_DFLASH_GRAPHS",
     str,

@@ -1,8 +1,8 @@
 """The sglang_dflash ops: the C++/CUDA extension when built, else the torch references.
 
 `torch.ops.sglang_dflash.write_draft_kv` and `torch.ops.sglang_dflash.linear_verify_accept` exist
-after `load()`; the worker calls them on every device. `bf16_linear` and `rope_qk` are CPU ops (the
-target's bf16 layers on hosts without native bf16, srt/cpu_linear.py).
+after `load()`; the worker calls them on every device. `bf16_linear`, `rope_qk` and `chain_attention` are CPU
+ops (the target's bf16 layers, srt/cpu_linear.py, and its verify attention, srt/verify_backend.py).
 """
 
 from __future__ import annotations
@@ -27,10 +27,13 @@ SCHEMAS = {
     "bf16_linear": "(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
     "rope_qk": "(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, bool neox) "
     "-> (Tensor, Tensor)",
+    "chain_attention": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor prefix, float scale, "
+    "bool causal) -> Tensor",
 }
 # Ops with a CPU kernel only: the target's bf16 GEMMs and rotary embedding on a CPU
-# (srt/cpu_linear.py); on GPU SGLang's own kernels run them.
-CPU_ONLY = frozenset({"bf16_linear", "rope_qk"})
+# (srt/cpu_linear.py) and its verify attention (srt/verify_backend.py); on GPU SGLang's own kernels
+# (and FlashInfer for verify) run them.
+CPU_ONLY = frozenset({"bf16_linear", "rope_qk", "chain_attention"})
 
 _state = {"loaded": False, "backend": None}
 
@@ -69,6 +72,10 @@ def _register_fakes():
     @torch.library.register_fake("sglang_dflash::rope_qk")
     def _(positions, query, key, cos_sin_cache, head_size, neox):
         return torch.empty_like(query), torch.empty_like(key)
+
+    @torch.library.register_fake("sglang_dflash::chain_attention")
+    def _(q, k_cache, v_cache, slots, prefix, scale, causal):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 def load() -> str:

@@ -6,6 +6,8 @@ linear_verify_accept: longest matching prefix + bonus, cut by each request's tok
     stop tokens, in one call for the batch.
 bf16_linear: x @ W^T (+ b) of bf16 tensors, summed in fp32 and rounded to bf16 once (CPU only).
 rope_qk: SGLang's RotaryEmbedding.forward_native, bit for bit in bf16 (CPU only).
+chain_attention: B rows per request over its paged KV, causal (the target's verify) or not (the
+    drafter's block) (CPU only).
 """
 
 from __future__ import annotations
@@ -121,3 +123,26 @@ def rope_qk_ref(positions, query, key, cos_sin_cache, head_size: int, neox: bool
         return torch.cat((out, x[..., rd:]), -1).reshape(shape)
 
     return rotate(query), rotate(key)
+
+
+def chain_attention_ref(q, k_cache, v_cache, slots, prefix, scale: float, causal: bool):
+    """q [bs*B, H, D]; k_cache, v_cache [S, Hkv, D]; slots [bs, T] slot ids by position; prefix [bs]
+    -> [bs*B, H, D]: row r of request i attends to positions 0 .. prefix[i] + r (causal) or
+    0 .. prefix[i] + B - 1, in float32, rounded to q's dtype once."""
+    bs = slots.shape[0]
+    if bs == 0 or q.shape[0] == 0:
+        return torch.empty_like(q)
+    block, heads = q.shape[0] // bs, q.shape[1]
+    group = heads // k_cache.shape[1]
+    out = []
+    for i in range(bs):
+        n = int(prefix[i]) + block
+        k = k_cache[slots[i, :n]].float().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, n, D]
+        v = v_cache[slots[i, :n]].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        qi = q[i * block : (i + 1) * block].float().transpose(0, 1)  # [H, B, D]
+        s = (qi * scale) @ k.transpose(1, 2)  # [H, B, n]
+        seen = torch.arange(n)[None, :] <= int(prefix[i]) + torch.arange(block)[:, None]  # [B, n]
+        seen = seen if causal else torch.ones_like(seen)
+        p = torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1)
+        out.append((p @ v).transpose(0, 1))  # [B, H, D]
+    return torch.cat(out).to(q.dtype)

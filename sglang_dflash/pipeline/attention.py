@@ -7,6 +7,9 @@ Requests are not looped over: their keys are gathered into one padded [bs, L] sl
 mask hides the padding (and what causality or a window hides). On CPU the requests are first sorted
 by length and cut into a few length groups, one SDPA call each: the CPU SDPA kernel computes masked
 keys in full, so padding a 100-key request to 800 keys would cost more than the loop it replaces.
+Where the extension is built, calls of up to FUSED_MAX_ROWS rows a request read the rows in place
+instead (fused(): chain_attention, one op a layer; SGLANG_DFLASH_CPU_ATTENTION=0 keeps the gather +
+SDPA path everywhere).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import NamedTuple, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
+
+from sglang_dflash import env, kernels
 
 # Longest first, a request joins the current length group while padding it to the group's longest
 # row adds at most this many keys or this fraction of that row; each extra group costs one SDPA call
@@ -105,6 +110,27 @@ def batched_rows(
         mask = mask.repeat(1, 1, group, 1)
     out = F.scaled_dot_product_attention(qf, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale)
     return out.reshape(bs, heads, rows, -1).transpose(1, 2)
+
+
+# chain_attention against gather + SDPA, bf16, one thread, one layer (`make bench-ops`, 1 / 16
+# requests of ~320 keys): 1 row a request 1.6x / 1.7x, 2 rows 1.5x / 0.9x, 4 rows 0.9x / 0.8x, 8 rows
+# 0.6x (SDPA's tiled GEMMs win once a request has several query rows). Served, width 2 steps are
+# 13% / 6% faster with it (docs/serving.md, Cut 4), so the bound is 2.
+FUSED_MAX_ROWS = 2
+
+
+def fused(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: int) -> bool:
+    """chain_attention serves this call of `rows` query rows a request: CPU, one float dtype
+    throughout, few rows, the extension built."""
+    return (
+        rows <= FUSED_MAX_ROWS
+        and q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.bfloat16)
+        and k_cache.dtype == q.dtype == v_cache.dtype
+        and k_cache.shape[-1] == q.shape[-1]
+        and env.CPU_ATTENTION.get() == "1"
+        and kernels.load() == "extension"
+    )
 
 
 def slot_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, width: int) -> torch.Tensor:
@@ -241,6 +267,7 @@ class TorchBlockAttention:
         self.windows = [windows[i] if i < len(windows) else None for i in range(k_cache.shape[0])]
         # Built once per draft step, shared by every layer with that window.
         prefix, lens = prefix.to(kv_slots.device), host_lengths(prefix)
+        self.table, self.prefix = kv_slots.to(torch.int64), prefix.to(torch.int64)  # the fused op's rows
         self.plans = {w: plan_rows(kv_slots, prefix, block, lens, w) for w in set(self.windows)}
 
     def __call__(self, layer: int, q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor) -> torch.Tensor:
@@ -248,6 +275,8 @@ class TorchBlockAttention:
         kc, vc = self.k[layer], self.v[layer]
         kc.index_copy_(0, self.block_slots, k_blk.to(kc.dtype))
         vc.index_copy_(0, self.block_slots, v_blk.to(vc.dtype))
+        if self.windows[layer] is None and fused(q, kc, vc, q.shape[0] // self.table.shape[0]):
+            return torch.ops.sglang_dflash.chain_attention(q, kc, vc, self.table, self.prefix, self.scale, False)
         return attend_plan(self.plans[self.windows[layer]], q, kc, vc, self.scale)
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
-from sglang_dflash.pipeline.attention import RowPlan, attend_plan, slot_table, verify_plan
+import torch
+
+from sglang_dflash.pipeline.attention import RowPlan, attend_plan, fused, slot_table, verify_plan
 
 
 def verify_forward(target_worker, batch, draft, positions, slots):
@@ -69,14 +71,27 @@ def torch_native_verify(backend, q, k, v, layer, forward_batch, save_kv_cache=Tr
             layer, KVWriteLoc(forward_batch.out_cache_loc, backend.swa_out_cache_loc), k, v
         )
     q_ = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
-    out = attend_plan(
-        _verify_plan(backend, forward_batch, q.shape[0] // forward_batch.batch_size),
-        q_,
-        backend.token_to_kv_pool.get_key_buffer(layer.layer_id),
-        backend.token_to_kv_pool.get_value_buffer(layer.layer_id),
-        layer.scaling,
-    )
+    k_cache = backend.token_to_kv_pool.get_key_buffer(layer.layer_id)
+    v_cache = backend.token_to_kv_pool.get_value_buffer(layer.layer_id)
+    block = q.shape[0] // forward_batch.batch_size
+    if fused(q_, k_cache, v_cache, block):
+        slots, prefix = _verify_slots(backend, forward_batch, block)
+        out = torch.ops.sglang_dflash.chain_attention(q_, k_cache, v_cache, slots, prefix, layer.scaling, True)
+    else:
+        out = attend_plan(_verify_plan(backend, forward_batch, block), q_, k_cache, v_cache, layer.scaling)
     return out.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+
+
+def _verify_slots(backend, forward_batch, block: int):
+    """(slots [bs, max prefix + B] int64, prefix [bs] int64) for chain_attention, once per forward."""
+    cached = getattr(forward_batch, "_dflash_verify_slots", None)
+    if cached is not None and cached[0] == block:
+        return cached[1], cached[2]
+    prefix = forward_batch.seq_lens.to(torch.int64)
+    width = int(prefix.max()) + block  # CPU: free
+    slots = slot_table(backend.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, width)
+    forward_batch._dflash_verify_slots = (block, slots, prefix)
+    return slots, prefix
 
 
 def _verify_plan(backend, forward_batch, block: int) -> RowPlan:

@@ -1,0 +1,90 @@
+// chain_attention on CPU: B query rows per request over its paged KV (the target's verify chain,
+// causal; the drafter's block, not causal) in one pass per (request, KV head), reading each key and
+// value row once through the slot table.
+// The torch path (pipeline/attention.py attend_plan) copies every visible K/V row out of the pool
+// (index_select) and runs SDPA on the copy; for one or a few rows per request the copy and the
+// masked SDPA dominate (a width-8 step at one request spent 12 ms of 54 in attention).
+// Arithmetic in float32 (bf16 inputs widened), one rounding to the output dtype.
+// Reference: sglang_dflash/kernels/reference.py (chain_attention_ref).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+#include "chain_attention_body.h"
+}  // namespace avx2
+#pragma GCC pop_options
+
+namespace base {
+#include "chain_attention_body.h"
+}  // namespace base
+
+bool cpu_has_avx2_fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+}  // namespace
+
+// q [bs*B, H, D]; k_cache, v_cache [S, Hkv, D] (q's dtype: float32 or bfloat16); slots [bs, T] int64
+// slot ids by position; prefix [bs] int64 committed lengths (prefix + B <= T). Row r of request i sees
+// positions 0 .. prefix[i] + r when causal (its own block row included: K/V are written before
+// attention), else all of 0 .. prefix[i] + B - 1.
+at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                               const at::Tensor& slots, const at::Tensor& prefix, double scale, bool causal) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(),
+              "chain_attention: q must be [N, H, D] and k_cache, v_cache [S, Hkv, D] alike, got ", q.sizes(), ", ",
+              k_cache.sizes(), ", ", v_cache.sizes());
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type() &&
+                  (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
+              "chain_attention: q, k_cache and v_cache must share one dtype, float32 or bfloat16, got ",
+              q.scalar_type(), ", ", k_cache.scalar_type(), ", ", v_cache.scalar_type());
+  const int64_t N = q.size(0), H = q.size(1), D = q.size(2), S = k_cache.size(0), Hkv = k_cache.size(1);
+  TORCH_CHECK(k_cache.size(2) == D && Hkv > 0 && H % Hkv == 0, "chain_attention: head dim ", k_cache.size(2),
+              " vs ", D, " or heads ", H, " not a multiple of KV heads ", Hkv);
+  TORCH_CHECK(slots.dim() == 2 && slots.scalar_type() == at::kLong && prefix.dim() == 1 &&
+                  prefix.scalar_type() == at::kLong && prefix.size(0) == slots.size(0),
+              "chain_attention: slots must be [bs, T] int64 and prefix [bs] int64, got ", slots.sizes(), " ",
+              slots.scalar_type(), ", ", prefix.sizes(), " ", prefix.scalar_type());
+  const int64_t bs = slots.size(0), T = slots.size(1);
+  TORCH_CHECK(bs > 0 ? N % bs == 0 : N == 0, "chain_attention: ", N, " query rows for ", bs, " requests");
+  at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
+  if (N == 0) return out;
+  const int64_t B = N / bs;
+  const at::Tensor sl = slots.contiguous(), pre = prefix.contiguous();
+  const int64_t *sp = sl.data_ptr<int64_t>(), *pp = pre.data_ptr<int64_t>();
+  for (int64_t i = 0; i < bs; ++i) {  // bounds once, so the kernel reads only valid rows
+    TORCH_CHECK(pp[i] >= 0 && pp[i] + B <= T, "chain_attention: request ", i, " prefix ", pp[i], " + ", B,
+                " rows > ", T, " slot columns");
+    for (int64_t j = 0; j < pp[i] + B; ++j)
+      TORCH_CHECK(sp[i * T + j] >= 0 && sp[i * T + j] < S, "chain_attention: slot ", sp[i * T + j],
+                  " outside the cache's ", S, " rows");
+  }
+  const at::Tensor qc = q.contiguous(), kc = k_cache.contiguous(), vc = v_cache.contiguous();
+  const float sc = static_cast<float>(scale);
+  const bool avx = cpu_has_avx2_fma();
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "chain_attention", [&] {
+    const scalar_t *qp = qc.data_ptr<scalar_t>(), *kp = kc.data_ptr<scalar_t>(), *vp = vc.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, bs * Hkv, 1, [&](int64_t a, int64_t b) {
+      for (int64_t w = a; w < b; ++w) {
+        const int64_t i = w / Hkv;
+        if (avx)
+          avx2::attend(qp, kp, vp, sp + i * T, pp[i], B, H, Hkv, D, i, w % Hkv, sc, causal, op);
+        else
+          base::attend(qp, kp, vp, sp + i * T, pp[i], B, H, Hkv, D, i, w % Hkv, sc, causal, op);
+      }
+    });
+  });
+  return out;
+}
+
+TORCH_LIBRARY_IMPL(sglang_dflash, CPU, m) { m.impl("chain_attention", &chain_attention_cpu); }
