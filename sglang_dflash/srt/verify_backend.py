@@ -83,23 +83,12 @@ def torch_native_verify(backend, q, k, v, layer, forward_batch, save_kv_cache=Tr
 
 
 def _verify_slots(backend, forward_batch, block: int):
-    """(slots [bs, max prefix + B] int64, prefix [bs] int64) for chain_attention, once per forward."""
+    """(slots [bs, bound + B] int64, prefix [bs] int64): the rows every layer of this verify forward
+    reads, the same for all of them, so built at the first layer and kept on the forward batch (a
+    new one every step). chain_attention reads them as they are; the gather + SDPA path plans on them."""
     cached = getattr(forward_batch, "_dflash_verify_slots", None)
     if cached is not None and cached[0] == block:
         return cached[1], cached[2]
-    prefix = forward_batch.seq_lens.to(torch.int64)
-    width = int(prefix.max()) + block  # CPU: free
-    slots = slot_table(backend.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, width)
-    forward_batch._dflash_verify_slots = (block, slots, prefix)
-    return slots, prefix
-
-
-def _verify_plan(backend, forward_batch, block: int) -> RowPlan:
-    """The rows every layer of this verify forward gathers: the same slots, prefixes and block for all
-    of them, so built at the first layer and kept on the forward batch (a new one every step)."""
-    cached = getattr(forward_batch, "_dflash_verify_plan", None)
-    if cached is not None and cached[0] == block:
-        return cached[1]
     prefix = forward_batch.seq_lens  # [bs]
     host = forward_batch.seq_lens_cpu
     if prefix.is_cpu or host is None:
@@ -109,6 +98,15 @@ def _verify_plan(backend, forward_batch, block: int) -> RowPlan:
         # prefix + B for the attention plan: + B bounds it either way (extra columns are masked).
         width = int(host.max()) + block
     slots = slot_table(backend.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, width)
-    plan = verify_plan(slots, prefix, block)
+    forward_batch._dflash_verify_slots = (block, slots, prefix.to(torch.int64))
+    return slots, forward_batch._dflash_verify_slots[2]
+
+
+def _verify_plan(backend, forward_batch, block: int) -> RowPlan:
+    """The gather + SDPA plan over _verify_slots' rows, once per forward."""
+    cached = getattr(forward_batch, "_dflash_verify_plan", None)
+    if cached is not None and cached[0] == block:
+        return cached[1]
+    plan = verify_plan(*_verify_slots(backend, forward_batch, block), block)
     forward_batch._dflash_verify_plan = (block, plan)
     return plan
