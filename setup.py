@@ -60,6 +60,7 @@ if os.environ.get("SGLANG_DFLASH_BUILD_EXT", "1") != "0":
                 "csrc/bf16_linear_cpu.cpp",
                 "csrc/rope_cpu.cpp",
                 "csrc/chain_attention_cpu.cpp",
+                "csrc/rms_norm_cpu.cpp",
                 "csrc/dflash_ops_cuda.cu",
             ],
             depends=depends,
@@ -68,7 +69,13 @@ if os.environ.get("SGLANG_DFLASH_BUILD_EXT", "1") != "0":
     else:
         ext = CppExtension(
             "sglang_dflash._C",
-            ["csrc/dflash_ops.cpp", "csrc/bf16_linear_cpu.cpp", "csrc/rope_cpu.cpp", "csrc/chain_attention_cpu.cpp"],
+            [
+                "csrc/dflash_ops.cpp",
+                "csrc/bf16_linear_cpu.cpp",
+                "csrc/rope_cpu.cpp",
+                "csrc/chain_attention_cpu.cpp",
+                "csrc/rms_norm_cpu.cpp",
+            ],
             depends=depends,
             extra_compile_args={"cxx": flags["cxx"]},
         )

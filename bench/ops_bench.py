@@ -1,5 +1,5 @@
 """CPU microbenchmark: each csrc/ op against its torch reference (5 drafter layers, 2048 tokens,
-head_dim 64 and 128; rope_qk at the embedded target's heads; chain_attention against the gather + SDPA
+head_dim 64 and 128; rope_qk and rms_norm at the embedded target's shapes; chain_attention against the gather + SDPA
 path it replaces, one layer), measured side by side in one run (the timing code is the GPU check's,
 bench/checks/gpu_check.py). Appends one run to bench/results/ops_cpu.jsonl and prints its table."""
 
@@ -15,7 +15,7 @@ sys.path[:0] = [os.path.join(ROOT, "bench"), os.path.join(ROOT, "bench", "checks
 import provenance  # noqa: E402
 from gpu_check import check_accept, check_write, timeit  # noqa: E402
 from sglang_dflash import kernels  # noqa: E402
-from sglang_dflash.kernels.reference import rope_qk_ref  # noqa: E402
+from sglang_dflash.kernels.reference import rms_norm_ref, rope_qk_ref  # noqa: E402
 from sglang_dflash.pipeline import attention  # noqa: E402
 
 
@@ -36,6 +36,19 @@ def check_rope(T: int, hq=9, hk=3, head=64) -> dict:
     t_op = timeit(lambda: op(pos, q, k, cache, head, True), "cpu", reps=200)
     t_ref = timeit(lambda: rope_qk_ref(pos, q, k, cache, head, True), "cpu", reps=200)
     return {"op": "rope_qk", "tokens": T, "dtype": "torch.bfloat16", "ok": ok, "op_ms": t_op * 1e3, "ref_ms": t_ref * 1e3, "speedup": t_ref / t_op}  # fmt: skip
+
+
+def check_norm(T: int, hidden=576) -> dict:
+    """rms_norm vs SGLang's RMSNorm.forward_native op sequence with the residual add (rms_norm_ref),
+    the embedded target's hidden size, bf16: T tokens (1: a decode step; 16, 64: verify rows; 512: prefill)."""
+    g = torch.Generator().manual_seed(T)
+    x, r = torch.randn(T, hidden, generator=g).bfloat16(), torch.randn(T, hidden, generator=g).bfloat16()
+    w = torch.randn(hidden, generator=g).bfloat16()
+    op = kernels.ops().rms_norm
+    ok = all(torch.equal(a, b) for a, b in zip(op(x, r, w, 1e-5), rms_norm_ref(x, r, w, 1e-5)))
+    t_op = timeit(lambda: op(x, r, w, 1e-5), "cpu", reps=200)
+    t_ref = timeit(lambda: rms_norm_ref(x, r, w, 1e-5), "cpu", reps=200)
+    return {"op": "rms_norm", "tokens": T, "dtype": "torch.bfloat16", "ok": ok, "op_ms": t_op * 1e3, "ref_ms": t_ref * 1e3, "speedup": t_ref / t_op}  # fmt: skip
 
 
 def check_chain(bs: int, B: int, keys=320, heads=(9, 3, 64)) -> dict:
@@ -62,6 +75,7 @@ def main(out=OUT):
     rows = [check_write("cpu", D, dt) for D in (64, 128) for dt in (torch.float32, torch.bfloat16)]
     rows.append(check_accept("cpu"))
     rows += [check_rope(T) for T in (1, 16, 128)]
+    rows += [check_norm(T) for T in (1, 16, 64, 512)]
     rows += [check_chain(bs, B) for bs in (1, 16) for B in (1, 2, 4, 8)]
     keep = ("commit", "dirty", "dirty_files", "time", "host")
     provenance.append_rows(out, [{**r, **{k: prov[k] for k in keep}} for r in rows], prov)
@@ -70,6 +84,8 @@ def main(out=OUT):
     for r in rows:
         if r["op"] == "rope_qk":
             shape = f"T={r['tokens']} heads 9/3/64"
+        elif r["op"] == "rms_norm":
+            shape = f"T={r['tokens']} hidden 576"
         else:
             shape = f"L=5 T=2048 D={r['head_dim']}" if "head_dim" in r else f"bs={r['batch']} B={r['block']}"
         print(

@@ -141,7 +141,7 @@ def training() -> list[str]:
 
 # ---- micro-benchmarks -----------------------------------------------------------------------------
 def micro_shape(r: dict) -> str:
-    if r["op"] == "rope_qk":
+    if r["op"] in ("rope_qk", "rms_norm"):
         return f"T={r['tokens']}"
     return f"D={r['head_dim']}" if "head_dim" in r else f"bs={r['batch']} B={r['block']}"
 

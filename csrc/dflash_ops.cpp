@@ -134,6 +134,7 @@ TORCH_LIBRARY(sglang_dflash, m) {
         "-> (Tensor, Tensor)");  // CPU only: rope_cpu.cpp
   m.def("chain_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor prefix, float scale, "
         "bool causal) -> Tensor");  // CPU only: chain_attention_cpu.cpp
+  m.def("rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)");  // CPU only: rms_norm_cpu.cpp
 }
 
 TORCH_LIBRARY_IMPL(sglang_dflash, CPU, m) {

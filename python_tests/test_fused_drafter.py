@@ -134,3 +134,36 @@ def test_dflash2_width_cut_drafts_the_whole_blocks_first_rows(walk):
             for name in ("tokens", "cand_ids", "q", "q_rows"):
                 torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-6)
     assert rows == ([bs * w for w in (2, 4, 7)] if walk == "chain" else [bs * block] * 3)
+
+
+@torch.inference_mode()
+def test_routed_matmuls_carry_every_projection():
+    """DFlashDrafter.route_matmuls (serving: the CPU GEMM kernel): every projection of the block forward
+    and the context write goes through the routed matmul, with the same hidden states; and the CPU
+    router (srt/cpu_linear.linear) runs bf16_linear where the target's GEMMs take it, F.linear elsewhere."""
+    import torch.nn.functional as F
+
+    from sglang_dflash.srt import cpu_linear
+
+    served = copy.deepcopy(_drafter()).fuse_projections()
+    calls = []
+    served.route_matmuls(lambda x, w: calls.append(tuple(w.shape)) or F.linear(x, w))
+    x, pos = torch.randn(8, 32), torch.arange(5, 13)
+    served2 = copy.deepcopy(_drafter()).fuse_projections()
+    torch.testing.assert_close(served(x, pos, _dense_attend, 4), served2(x, pos, _dense_attend, 4), rtol=0, atol=0)
+    assert len(calls) == 4 * len(served.layers)  # qkv, o, gate_up, down per layer
+    calls.clear()
+    served.context_kv_pre(torch.randn(3, served.fc.in_features))
+    assert calls == [tuple(served.fc.weight.shape), tuple(served._kv_weight.shape)]
+
+    x16, w16 = torch.randn(2, 64).bfloat16(), torch.randn(96, 64).bfloat16()
+    try:
+        assert cpu_linear.enable("cpu", torch.bfloat16) or cpu_linear.wanted("cpu", torch.bfloat16) is False
+        with torch.profiler.profile() as prof:
+            got = cpu_linear.linear(x16, w16)
+        routed = any(e.name == "sglang_dflash::bf16_linear" for e in prof.events())
+        assert routed == cpu_linear._eligible(x16, w16, None)
+        torch.testing.assert_close(got.float(), F.linear(x16, w16).float(), rtol=2e-2, atol=2e-2)
+    finally:
+        cpu_linear.enable("cpu", torch.float32)
+    assert torch.equal(cpu_linear.linear(x16.float(), w16.float()), F.linear(x16.float(), w16.float()))

@@ -31,6 +31,7 @@ def test_no_cuda_cpu_flags_and_environment():
     assert dev.name == "cpu"
     assert dev.flags["--device"] == "cpu" and dev.flags["--attention-backend"] == "torch_native"
     assert dev.flags["--max-total-tokens"] == "8192" and "--disable-cuda-graph" in dev.flags
+    assert dev.flags["--sleep-on-idle"] is None  # an idle scheduler would keep a core busy
     env = dev.environ({"PATH": "/usr/bin"})
     assert env[CPU_ENGINE_VAR] == "1" and env["OMP_NUM_THREADS"] == "1"
 

@@ -6,6 +6,8 @@ prints the environment, nothing when a CUDA device is visible). Plain Python: ru
 
 OMP_NUM_THREADS=1: two spinning OpenMP threads on 2 cores make a small linear 100x slower.
 max_total_tokens: SGLang's default KV pool takes 70% of RAM.
+sleep_on_idle: an idle scheduler otherwise polls its sockets nonstop, a whole core of a 2-core host
+(measured: 10.1 core-seconds in 10 idle seconds without it, 0.14 with it).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ CPU_SETTINGS = {
     "attention_backend": "torch_native",
     "max_total_tokens": 16384,
     "disable_cuda_graph": True,
+    "sleep_on_idle": True,
 }
 
 

@@ -144,6 +144,14 @@ CPU_ROPE = EnvVar(
     "to SGLang's): `auto` (with the CPU GEMM kernel), `1` (any bf16 CPU target), `0` (SGLang's)",
     choices=("auto", "1", "0"),
 )
+CPU_NORM = EnvVar(
+    "SGLANG_DFLASH_CPU_NORM",
+    str,
+    "auto",
+    "DFLASH servers' bf16 RMSNorm (with its residual add) on CPU through our fused op (csrc/rms_norm_cpu.cpp, "
+    "bit-identical to SGLang's): `auto` (with the CPU GEMM kernel), `1` (any bf16 CPU target), `0` (SGLang's)",
+    choices=("auto", "1", "0"),
+)
 CPU_ATTENTION = EnvVar(
     "SGLANG_DFLASH_CPU_ATTENTION",
     str,

@@ -9,8 +9,8 @@ Registers, lazily and idempotently:
 - CPU tensor parallelism (gloo groups without NCCL); a 400 for empty or out-of-vocabulary prompts;
 - where a grammar ends inside a verified run, the same tokens and finish as plain decoding;
 - on CPU, subprocesses forked rather than spawned (srt/fork_start.py: a faster start);
-- a DFLASH server's bf16 GEMMs and rotary embedding on a CPU without native bf16 through our
-  kernels (srt/cpu_linear.py).
+- a DFLASH server's bf16 GEMMs, rotary embedding and RMSNorm on CPU through our kernels
+  (srt/cpu_linear.py).
 """
 
 _registered = False
@@ -74,6 +74,9 @@ def register():
         HookType.AROUND,
     )
 
+    HookRegistry.register(
+        "sglang.srt.layers.layernorm.RMSNorm.forward_native", cpu_linear.rms_norm_forward, HookType.AROUND
+    )
     HookRegistry.register(
         "sglang.srt.entrypoints.engine._set_envs_and_config", fork_start.set_envs_and_config, HookType.AROUND
     )

@@ -1,8 +1,8 @@
 """The sglang_dflash ops: the C++/CUDA extension when built, else the torch references.
 
 `torch.ops.sglang_dflash.write_draft_kv` and `torch.ops.sglang_dflash.linear_verify_accept` exist
-after `load()`; the worker calls them on every device. `bf16_linear`, `rope_qk` and `chain_attention` are CPU
-ops (the target's bf16 layers, srt/cpu_linear.py, and its verify attention, srt/verify_backend.py).
+after `load()`; the worker calls them on every device. `bf16_linear`, `rope_qk`, `rms_norm` and `chain_attention`
+are CPU ops (the target's bf16 layers, srt/cpu_linear.py, and its verify attention, srt/verify_backend.py).
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ SCHEMAS = {
     "-> (Tensor, Tensor)",
     "chain_attention": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor prefix, float scale, "
     "bool causal) -> Tensor",
+    "rms_norm": "(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)",
 }
-# Ops with a CPU kernel only: the target's bf16 GEMMs and rotary embedding on a CPU
+# Ops with a CPU kernel only: the target's bf16 GEMMs, rotary embedding and RMSNorm on a CPU
 # (srt/cpu_linear.py) and its verify attention (srt/verify_backend.py); on GPU SGLang's own kernels
 # (and FlashInfer for verify) run them.
-CPU_ONLY = frozenset({"bf16_linear", "rope_qk", "chain_attention"})
+CPU_ONLY = frozenset({"bf16_linear", "rope_qk", "chain_attention", "rms_norm"})
 
 _state = {"loaded": False, "backend": None}
 
@@ -72,6 +73,12 @@ def _register_fakes():
     @torch.library.register_fake("sglang_dflash::rope_qk")
     def _(positions, query, key, cos_sin_cache, head_size, neox):
         return torch.empty_like(query), torch.empty_like(key)
+
+    @torch.library.register_fake("sglang_dflash::rms_norm")
+    def _(x, residual, weight, eps):
+        return torch.empty_like(x, memory_format=torch.contiguous_format), (
+            x.new_empty(0) if residual is None else torch.empty_like(x, memory_format=torch.contiguous_format)
+        )
 
     @torch.library.register_fake("sglang_dflash::chain_attention")
     def _(q, k_cache, v_cache, slots, prefix, scale, causal):

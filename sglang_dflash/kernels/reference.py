@@ -146,3 +146,17 @@ def chain_attention_ref(q, k_cache, v_cache, slots, prefix, scale: float, causal
         p = torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1)
         out.append((p @ v).transpose(0, 1))  # [B, H, D]
     return torch.cat(out).to(q.dtype)
+
+
+def rms_norm_ref(x, residual, weight, eps: float):
+    """SGLang's RMSNorm.forward_native (no fp32 residual, no variance override, weight applied in
+    fp32): x [..., H]; residual None or x's shape; weight [H] -> (normed [..., H] in x's dtype,
+    x + residual in x's dtype, or an empty tensor without residual)."""
+    dtype = x.dtype
+    x = x.contiguous().to(torch.float32)
+    res = x.new_empty(0, dtype=dtype)
+    if residual is not None:
+        x = x + residual.to(torch.float32)
+        res = x.to(dtype)
+    x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (x * weight).to(dtype), res

@@ -32,6 +32,8 @@ class RMSNorm(nn.Module):
 
 
 class DrafterAttention(nn.Module):
+    matmul = staticmethod(F.linear)  # x [N, in], w [out, in] -> [N, out]; serving may route it (route_matmuls)
+
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
@@ -55,7 +57,7 @@ class DrafterAttention(nn.Module):
         n = x.shape[0]
         if hasattr(self, "qkv_weight"):  # fused (fuse_projections): one matmul instead of three
             nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-            q, k, v = F.linear(x, self.qkv_weight).split([nq, nkv, nkv], dim=-1)
+            q, k, v = self.matmul(x, self.qkv_weight).split([nq, nkv, nkv], dim=-1)
             k = apply_rope(self.k_norm(k.reshape(n, self.num_kv_heads, self.head_dim)), cos, sin)
             v = v.reshape(n, self.num_kv_heads, self.head_dim)
         else:
@@ -63,10 +65,12 @@ class DrafterAttention(nn.Module):
             k, v = self.context_kv(x, cos, sin)
         q = apply_rope(self.q_norm(q.reshape(n, self.num_heads, self.head_dim)), cos, sin)
         out = attend(q, k, v)
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+        return self.matmul(out.reshape(n, self.num_heads * self.head_dim), self.o_proj.weight)
 
 
 class DrafterMLP(nn.Module):
+    matmul = staticmethod(F.linear)  # as DrafterAttention.matmul
+
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -75,8 +79,8 @@ class DrafterMLP(nn.Module):
 
     def forward(self, x):
         if hasattr(self, "gate_up_weight"):  # fused (fuse_projections)
-            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
+            gate, up = self.matmul(x, self.gate_up_weight).chunk(2, dim=-1)
+            return self.matmul(F.silu(gate) * up, self.down_proj.weight)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -137,6 +141,8 @@ class DrafterLayer(nn.Module):
 class DFlashDrafter(nn.Module):
     """Weights named as in z-lab checkpoints: layers.N.*, norm, fc, hidden_norm."""
 
+    matmul = staticmethod(F.linear)  # as DrafterAttention.matmul
+
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         self.cfg = cfg
@@ -170,7 +176,7 @@ class DFlashDrafter(nn.Module):
 
     def project_features(self, features: torch.Tensor) -> torch.Tensor:
         """features [T, K*H] (target hidden states at target_layer_ids) -> context [T, H]."""
-        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        return self.hidden_norm(self.matmul(features.to(self.fc.weight.dtype), self.fc.weight))
 
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor):
         """features [T, K*H], positions [T] -> K, V [L, T, kv_heads, head_dim] for every layer
@@ -189,7 +195,7 @@ class DFlashDrafter(nn.Module):
             )
             self._k_norm_weight = torch.stack([layer.self_attn.k_norm.weight for layer in self.layers])
         c = self.cfg
-        kv = (ctx @ self._kv_weight.t()).view(-1, c.num_layers, 2, c.num_kv_heads, c.head_dim)
+        kv = self.matmul(ctx, self._kv_weight).view(-1, c.num_layers, 2, c.num_kv_heads, c.head_dim)
         kv = kv.permute(2, 1, 0, 3, 4).contiguous()
         return kv[0], kv[1]
 
@@ -201,6 +207,15 @@ class DFlashDrafter(nn.Module):
             attn = layer.self_attn
             attn.qkv_weight = fuse_rows(attn.q_proj, attn.k_proj, attn.v_proj)
             layer.mlp.gate_up_weight = fuse_rows(layer.mlp.gate_proj, layer.mlp.up_proj)
+        return self
+
+    def route_matmuls(self, matmul) -> "DFlashDrafter":
+        """Serving: every projection of the block forward and the context write (not the DFlash 2
+        selector's or convolutions') through matmul(x [N, in], w [out, in]) -> [N, out], e.g. the CPU
+        GEMM kernel the target's layers run on. Drafts only: a different rounding never changes a token."""
+        for m in self.modules():
+            if isinstance(m, (DrafterAttention, DrafterMLP, DFlashDrafter)):
+                m.matmul = matmul
         return self
 
     def rope_table(self, max_pos: int, device) -> torch.Tensor:

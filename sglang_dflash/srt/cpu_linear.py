@@ -20,7 +20,7 @@ import torch
 
 from sglang_dflash import env
 
-_state = {"on": False, "rope": False, "max_rows": None}
+_state = {"on": False, "rope": False, "norm": False, "max_rows": None}
 # On an AVX512-BF16 host (oneDNN native bf16), one thread, the embedded target's GEMMs a step
 # (bench/cpu_linear_bench.py): ours vs torch 19 vs 33 ms at 1 row, 16.7 vs 32.7 at 2, 28.6 vs 33.5 at
 # 3, 34.0 vs 35.2 at 4, 58.9 vs 39.7 at 8: ours up to 3 rows, oneDNN's tiles beyond.
@@ -34,6 +34,9 @@ DOT_BF16_MAX_ROWS = 64
 # embedded target's heads; AVX2 host: 8.6x at 1 token, 2.7x at 16, 1.26x at 48, 0.7x at 128;
 # AVX512-BF16 host: 6.1x at 1, 1.69x at 16, 0.86x at 48, 0.57x at 128).
 ROPE_MAX_TOKENS = 32
+# rms_norm's one pass wins the decode and verify shapes (one Python call instead of ~10 torch ops);
+# prefill chunks keep torch's vectorized ops.
+NORM_MAX_TOKENS = 64
 
 
 def wanted(device_type: str, dtype: torch.dtype) -> bool:
@@ -65,9 +68,10 @@ def enable(device_type: str, dtype: torch.dtype) -> bool:
     if _state["on"] and auto and native_bf16():
         rows = DOT_BF16_MAX_ROWS if dot_bf16() else NATIVE_BF16_MAX_ROWS
     _state["max_rows"] = rows
-    rope = env.CPU_ROPE.get()
     cpu_bf16 = device_type == "cpu" and dtype == torch.bfloat16
-    _state["rope"] = cpu_bf16 and rope != "0" and (rope == "1" or _state["on"]) and kernels.load() == "extension"
+    for key, var in (("rope", env.CPU_ROPE), ("norm", env.CPU_NORM)):
+        v = var.get()
+        _state[key] = cpu_bf16 and v != "0" and (v == "1" or _state["on"]) and kernels.load() == "extension"
     return _state["on"]
 
 
@@ -83,6 +87,14 @@ def _eligible(x: torch.Tensor, w, bias) -> bool:
         and w.dim() == 2
         and (bias is None or bias.dtype == torch.bfloat16)
     )
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [N, in] @ w [out, in]^T for the drafter (DFlashDrafter.route_matmuls, DraftHead): bf16_linear
+    where the target's GEMMs of that shape take it, else F.linear (both within one bf16 step of exact)."""
+    if _eligible(x, w, None):
+        return torch.ops.sglang_dflash.bf16_linear(x, w, None)
+    return torch.nn.functional.linear(x, w)
 
 
 def linear_apply(original, self, layer, x, bias=None):
@@ -130,3 +142,27 @@ def rope_forward(original, self, positions, query, key, offsets=None, fused_set_
             positions, query, key, self.cos_sin_cache, self.head_size, self.is_neox_style
         )
     return original(self, positions, query, key, offsets, fused_set_kv_buffer_arg)
+
+
+def rms_norm_forward(original, self, x, residual=None, post_residual_addition=None, quant_linear=None):
+    """AROUND RMSNorm.forward_native (what SGLang runs on a CPU without AMX): bf16 decode and verify
+    rows in one call (rms_norm, bit-identical to it) instead of ~10 torch ops."""
+    if (
+        _state["norm"]
+        and x.dtype == torch.bfloat16
+        and x.device.type == "cpu"
+        and x.dim() >= 1
+        and x.numel() <= NORM_MAX_TOKENS * x.shape[-1]
+        and x.shape[-1] == self.hidden_size
+        and self.weight.dtype in (torch.bfloat16, torch.float32)
+        and (residual is None or (residual.dtype == torch.bfloat16 and residual.shape == x.shape))
+        and post_residual_addition is None
+        and quant_linear is None
+        and not getattr(self, "fp32_residual", False)
+        and getattr(self, "variance_size_override", None) is None
+        and getattr(self, "override_orig_dtype", None) in (None, torch.bfloat16)
+        and not getattr(self, "cast_x_before_out_mul", False)
+    ):
+        out, res = torch.ops.sglang_dflash.rms_norm(x, residual, self.weight, self.variance_epsilon)
+        return out if residual is None else (out, res)
+    return original(self, x, residual, post_residual_addition, quant_linear)

@@ -7,6 +7,7 @@ from sglang.srt.distributed import tensor_model_parallel_all_gather
 from sglang.srt.runtime_context import get_parallel
 
 from sglang_dflash.model.draft_vocab import ids_from_d2t
+from sglang_dflash.srt.cpu_linear import linear
 
 
 class DraftHead:
@@ -24,9 +25,9 @@ class DraftHead:
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> logits [N, V] (the target's vocabulary) or [N, draft_vocab_size]."""
         if self.rows is not None:
-            return hidden.to(self.rows.dtype) @ self.rows.t()
+            return linear(hidden.to(self.rows.dtype), self.rows)
         w = self.lm_head.weight
-        logits = hidden.to(w.dtype) @ w.t()
+        logits = linear(hidden.to(w.dtype), w)
         if self.tp > 1:
             logits = tensor_model_parallel_all_gather(logits.contiguous(), dim=-1)
         return logits[:, : self.vocab_size]

@@ -78,6 +78,8 @@ class DFlashWorker(BaseSpecWorker):
         self.draft_kv = None
         self.device_type = torch.device(self.device).type
         self.cpu_gemm = cpu_linear.enable(self.device_type, runner.dtype)  # before any forward
+        if self.cpu_gemm:
+            self.drafter.route_matmuls(cpu_linear.linear)
         self.flashinfer_sampler = get_exec().kernel.sampling_backend in ("flashinfer", "intel_xpu")
         self.metrics = dflash_metrics.create(self.block_size)
         self.draft_steps = self.draft_failures = 0
