@@ -6,6 +6,7 @@ bf16 decode-shaped norms to it, from the module SGLang runs."""
 import pytest
 import torch
 
+from plugin_hooks import apply_plugin_hook
 from sglang_dflash import kernels
 from sglang_dflash.kernels.reference import rms_norm_ref
 from sglang_dflash.srt import cpu_linear
@@ -107,23 +108,10 @@ def test_hook_routes_only_what_it_reproduces(monkeypatch):
 def test_plugin_hook_reaches_the_norm_sglang_runs(monkeypatch):
     """The plugin's hook sits on the method SGLang's RMSNorm dispatches to on this CPU (without AMX:
     forward_native): rms_norm runs inside a real module call, with SGLang's own result."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    from sglang_dflash import plugin
-    from sglang_dflash.srt import fork_start
-
     norm = sglang_norm()
     x, r = rows(2)
     want = norm.forward_native(x, r)
-    seen = []
-    monkeypatch.setattr(plugin, "_registered", False)
-    monkeypatch.setattr(fork_start, "use_fork", lambda: None)
-    monkeypatch.setattr(HookRegistry, "register", lambda target, hook, *a, **kw: seen.append((target, hook)))
-    plugin.register()
-    monkeypatch.undo()
-    target = next(t for t, h in seen if h is cpu_linear.rms_norm_forward)
-    HookRegistry.register(target, cpu_linear.rms_norm_forward, HookType.AROUND)
-    HookRegistry.apply_hooks()
+    apply_plugin_hook(monkeypatch, cpu_linear.rms_norm_forward)
     monkeypatch.setattr(cpu_linear, "wanted", lambda device, dtype: True)
     cpu_linear.enable("cpu", torch.bfloat16)
     try:

@@ -5,6 +5,7 @@ bad input, and the serving hook routing only a DFLASH server's bf16 rotary embed
 import pytest
 import torch
 
+from plugin_hooks import apply_plugin_hook
 from sglang_dflash import kernels
 from sglang_dflash.kernels.reference import rope_qk_ref
 from sglang_dflash.srt import cpu_linear
@@ -112,20 +113,7 @@ def test_plugin_hook_reaches_the_rotary_embedding_sglang_runs(monkeypatch):
     from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
 
     install_cpu_shims()
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    from sglang_dflash import plugin
-    from sglang_dflash.srt import fork_start
-
-    seen = []
-    monkeypatch.setattr(plugin, "_registered", False)
-    monkeypatch.setattr(fork_start, "use_fork", lambda: None)
-    monkeypatch.setattr(HookRegistry, "register", lambda target, hook, *a, **kw: seen.append((target, hook)))
-    plugin.register()
-    monkeypatch.undo()
-    target = next(t for t, h in seen if h is cpu_linear.rope_forward)
-    HookRegistry.register(target, cpu_linear.rope_forward, HookType.AROUND)
-    HookRegistry.apply_hooks()
+    apply_plugin_hook(monkeypatch, cpu_linear.rope_forward)
     from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
 
     pos, q, k, cache = case()
