@@ -29,16 +29,19 @@ from provenance import append_rows, base_fields, stamp  # noqa: E402
 
 # (stage, substrings of a frame): the first match from the leaf upward wins
 STAGES = [
-    ("gemm", ("linear.py", "F.linear", "(linear)", "matmul", "apply_weights", "logits_processor.py")),
+    (
+        "norm/rope/act",
+        ("layernorm", "rotary_embedding", "activation.py", "rms_norm", "rope_forward", "_norm (", "_rope ("),
+    ),
+    ("gemm", ("_gemm (", "linear.py", "F.linear", "(linear)", "matmul", "apply_weights", "logits_processor.py")),
     (
         "attention",
         ("torch_native_backend", "radix_attention", "scaled_dot_product", "pipeline/attention", "torch_native_verify"),
     ),
-    ("norm/rope/act", ("layernorm", "rotary_embedding", "activation.py", "rms_norm")),
     ("sgl_kernel stand-ins", ("sgl_kernel_cpu.py",)),
     ("draft (ours)", ("pipeline/draft.py", "model/drafter.py", "context_kv.py", "srt/draft_head.py")),
     ("sample/accept (ours)", ("target_sampling.py", "accept.py", "penalties.py", "grammar_mask.py")),
-    ("model (other ops)", ("models/llama.py", "models/qwen", "model_runner.py", "verify_backend.py")),
+    ("model (other ops)", ("models/llama.py", "models/qwen", "model_runner.py", "verify_backend.py", "llama_stack.py")),
     ("worker bookkeeping (ours)", ("sglang_dflash/",)),
     ("idle (waiting for work)", ("recv_requests", "_poll", "zmq", "sleep", "select")),
     ("scheduler + IPC (SGLang)", ("scheduler", "sglang/srt/managers", "tokenizer", "detokenizer")),

@@ -152,6 +152,14 @@ CPU_NORM = EnvVar(
     "bit-identical to SGLang's): `auto` (with the CPU GEMM kernel), `1` (any bf16 CPU target), `0` (SGLang's)",
     choices=("auto", "1", "0"),
 )
+CPU_STACK = EnvVar(
+    "SGLANG_DFLASH_CPU_STACK",
+    str,
+    "auto",
+    "DFLASH servers' CPU target: its Llama layer stack for decode and verify steps in one loop without SGLang's "
+    "per-layer boundary machinery (srt/llama_stack.py, bit-identical): `auto` (on), `0` (SGLang's forward)",
+    choices=("auto", "0"),
+)
 CPU_ATTENTION = EnvVar(
     "SGLANG_DFLASH_CPU_ATTENTION",
     str,

@@ -10,7 +10,7 @@ Registers, lazily and idempotently:
 - where a grammar ends inside a verified run, the same tokens and finish as plain decoding;
 - on CPU, subprocesses forked rather than spawned (srt/fork_start.py: a faster start);
 - a DFLASH server's bf16 GEMMs, rotary embedding and RMSNorm on CPU through our kernels
-  (srt/cpu_linear.py).
+  (srt/cpu_linear.py), its Llama layer stack for decode and verify steps in one loop (srt/llama_stack.py).
 """
 
 _registered = False
@@ -58,7 +58,7 @@ def register():
     HookRegistry.register(
         "sglang.srt.managers.schedule_batch.Req.update_finish_state", hooks.update_finish_state, HookType.AROUND
     )
-    from sglang_dflash.srt import cpu_linear, fork_start
+    from sglang_dflash.srt import cpu_linear, fork_start, llama_stack
 
     HookRegistry.register(
         "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply", cpu_linear.linear_apply, HookType.AROUND
@@ -77,6 +77,7 @@ def register():
     HookRegistry.register(
         "sglang.srt.layers.layernorm.RMSNorm.forward_native", cpu_linear.rms_norm_forward, HookType.AROUND
     )
+    HookRegistry.register("sglang.srt.models.llama.LlamaModel.forward", llama_stack.forward, HookType.AROUND)
     HookRegistry.register(
         "sglang.srt.entrypoints.engine._set_envs_and_config", fork_start.set_envs_and_config, HookType.AROUND
     )

@@ -122,10 +122,9 @@ def compute_lm_head(original, self, hidden_states, lm_head, embedding_bias=None,
     return original(self, hidden_states, lm_head, embedding_bias, out=out)
 
 
-def rope_forward(original, self, positions, query, key, offsets=None, fused_set_kv_buffer_arg=None):
-    """AROUND RotaryEmbedding.forward_native (what SGLang runs on a CPU without AMX): bf16 q/k in one
-    pass (rope_qk, bit-identical to it) instead of ~25 torch ops a layer."""
-    if (
+def rope_fast(self, positions, query, key, offsets=None, fused_set_kv_buffer_arg=None) -> bool:
+    """Whether rope_qk stands in for this RotaryEmbedding.forward_native call."""
+    return (
         _state["rope"]
         and query.dtype == torch.bfloat16
         and key is not None
@@ -137,17 +136,22 @@ def rope_forward(original, self, positions, query, key, offsets=None, fused_set_
         and not hasattr(self, "sin_cos_cache")
         and self.cos_sin_cache.dim() == 2
         and self.cos_sin_cache.device.type == "cpu"
-    ):
+    )
+
+
+def rope_forward(original, self, positions, query, key, offsets=None, fused_set_kv_buffer_arg=None):
+    """AROUND RotaryEmbedding.forward_native (what SGLang runs on a CPU without AMX): bf16 q/k in one
+    pass (rope_qk, bit-identical to it) instead of ~25 torch ops a layer."""
+    if rope_fast(self, positions, query, key, offsets, fused_set_kv_buffer_arg):
         return torch.ops.sglang_dflash.rope_qk(
             positions, query, key, self.cos_sin_cache, self.head_size, self.is_neox_style
         )
     return original(self, positions, query, key, offsets, fused_set_kv_buffer_arg)
 
 
-def rms_norm_forward(original, self, x, residual=None, post_residual_addition=None, quant_linear=None):
-    """AROUND RMSNorm.forward_native (what SGLang runs on a CPU without AMX): bf16 decode and verify
-    rows in one call (rms_norm, bit-identical to it) instead of ~10 torch ops."""
-    if (
+def norm_fast(self, x, residual=None, post_residual_addition=None, quant_linear=None) -> bool:
+    """Whether rms_norm stands in for this RMSNorm.forward_native call."""
+    return (
         _state["norm"]
         and x.dtype == torch.bfloat16
         and x.device.type == "cpu"
@@ -162,7 +166,13 @@ def rms_norm_forward(original, self, x, residual=None, post_residual_addition=No
         and getattr(self, "variance_size_override", None) is None
         and getattr(self, "override_orig_dtype", None) in (None, torch.bfloat16)
         and not getattr(self, "cast_x_before_out_mul", False)
-    ):
+    )
+
+
+def rms_norm_forward(original, self, x, residual=None, post_residual_addition=None, quant_linear=None):
+    """AROUND RMSNorm.forward_native (what SGLang runs on a CPU without AMX): bf16 decode and verify
+    rows in one call (rms_norm, bit-identical to it) instead of ~10 torch ops."""
+    if norm_fast(self, x, residual, post_residual_addition, quant_linear):
         out, res = torch.ops.sglang_dflash.rms_norm(x, residual, self.weight, self.variance_epsilon)
         return out if residual is None else (out, res)
     return original(self, x, residual, post_residual_addition, quant_linear)

@@ -34,7 +34,7 @@ from sglang_dflash.pipeline.draft import Proposal
 from sglang_dflash.pipeline.grammar_mask import apply_masks, chain_masks
 from sglang_dflash.pipeline.penalties import apply_penalties
 from sglang_dflash.pipeline.target_sampling import target_tokens
-from sglang_dflash.srt import cpu_linear, metrics as dflash_metrics
+from sglang_dflash.srt import cpu_linear, llama_stack, metrics as dflash_metrics
 from sglang_dflash.srt.draft_head import DraftHead
 from sglang_dflash.srt.draft_stage import draft_failed, draft_step
 from sglang_dflash.srt.graph_choice import make_step_graphs
@@ -80,6 +80,7 @@ class DFlashWorker(BaseSpecWorker):
         self.cpu_gemm = cpu_linear.enable(self.device_type, runner.dtype)  # before any forward
         if self.cpu_gemm:
             self.drafter.route_matmuls(cpu_linear.linear)
+        llama_stack.enable(self.device_type)
         self.flashinfer_sampler = get_exec().kernel.sampling_backend in ("flashinfer", "intel_xpu")
         self.metrics = dflash_metrics.create(self.block_size)
         self.draft_steps = self.draft_failures = 0
@@ -150,7 +151,8 @@ class DFlashWorker(BaseSpecWorker):
         """Live counters for /server_info (internal_states[i]["dflash"])."""
         width = self.width.stats() if self.width is not None else {}
         graphs = {"graphs": dict(self.graphs.counts)} if self.graphs is not None else {}
-        return {"draft_steps": self.draft_steps, "draft_failures": self.draft_failures, **width, **graphs}
+        stack = {"target_stack": dict(llama_stack.counts)}
+        return {"draft_steps": self.draft_steps, "draft_failures": self.draft_failures, **width, **graphs, **stack}
 
     def _prefill(self, batch, on_publish):
         self._step_cost = None  # a prefill runs between: the gap is not the last decode step's

@@ -1,0 +1,57 @@
+"""The target's Llama layer stack in one loop (srt/llama_stack.py) is bit-identical to SGLang's forward.
+
+A DFLASH server with the stack off (SGLang's layer-boundary forward) and one with it on decode the
+same prompts one at a time, at widths drawn at random every step (verify shapes 1..B): tokens and
+every logprob must be equal to the bit. bf16 takes the fused path (each norm, rotary embedding and
+GEMM called as our op), float32 the module path (SGLang's modules in one loop); both are asserted
+to have run from the worker's counters, so the test cannot pass on SGLang's forward alone. (float32
+DFLASH against plain decoding, with the stack on by default: test_lossless.py.)
+"""
+
+import pytest
+
+from sglang_dflash import env as dflash_env
+from sglang_dflash.testing.servers import dflash_state, launch, prompts
+
+PROMPTS = prompts(10, seed=3, max_len=120)
+MAX_NEW = 24
+RANDOM = dflash_env.DEBUG_RANDOM_WIDTH.name
+STACK = dflash_env.CPU_STACK.name
+
+
+def decode(srv):
+    """(token ids, their logprobs, top-2 logprobs) per prompt, one request at a time."""
+    outs = []
+    for p in PROMPTS:
+        body = {
+            "input_ids": p,
+            "return_logprob": True,
+            "top_logprobs_num": 2,
+            "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0},
+        }
+        r = srv.post("/generate", body)
+        r.raise_for_status()
+        meta = r.json()["meta_info"]
+        outs.append((meta["output_token_logprobs"], meta["output_top_logprobs"]))
+    return outs
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("dtype, path", [("bfloat16", "fused"), ("float32", "modules")])
+def test_stack_bit_identical_to_sglang_forward(pair, dtype, path):
+    from sglang_dflash.testing.pairs import MIXED
+
+    target, drafter = pair("llama", dtype, MIXED["llama"])
+    extra = ["--speculative-num-draft-tokens", "8"]
+    runs, states = {}, {}
+    for arm, stack in (("sglang", "0"), ("stack", "auto")):
+        env = {RANDOM: "5", STACK: stack}
+        with launch(target, drafter, dtype, extra=extra, env=env, name=f"stack-{arm}-{dtype}") as srv:
+            runs[arm] = decode(srv)
+            states[arm] = dflash_state(srv)["target_stack"]
+    assert states["sglang"]["fused"] == states["sglang"]["modules"] == 0, states
+    assert states["stack"][path] > 0 and states["stack"]["sglang"] > 0, states  # prefills keep SGLang's
+    other = {"fused": "modules", "modules": "fused"}[path]
+    assert states["stack"][other] == 0, states
+    for i, (a, b) in enumerate(zip(runs["sglang"], runs["stack"])):
+        assert a == b, f"prompt {i}: the stack's tokens/logprobs differ from SGLang's forward"

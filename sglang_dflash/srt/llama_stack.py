@@ -1,0 +1,186 @@
+"""The target's Llama layer stack for decode and verify steps on CPU, without SGLang's per-layer
+machinery.
+
+On a CPU, a served width-1 step of the embedded 30-layer target spends more of its time in Python
+than in arithmetic: each layer walks SGLang's layer-boundary stages (residual streams, prepare /
+finish plans, capture hooks) and its linear wrappers (tensor-parallel and sequence-parallel checks)
+around four GEMMs, two norms, one rotary embedding and one attention call (bench/step_profile.py;
+docs/serving.md "Cut 7"). For a single-process CPU target with plain linear layers those stages are
+identity moves, so this forward calls the same modules' compute directly, in the same order, on the
+same tensors: each norm, rotary embedding, activation and attention through the module SGLang built
+(and so through our fused ops where they apply), each GEMM through the layer's own quant method.
+Nothing is recomputed differently, so the output is bit-identical (python_tests/test_llama_stack.py:
+float32 DFLASH vs plain decoding, bf16 stack on vs off).
+
+Prefill (extend) batches, and anything this does not recognise (another model class, quantized or
+LoRA layers, tensor/pipeline parallelism, a GPU), keep SGLang's forward. SGLANG_DFLASH_CPU_STACK:
+auto (on for a DFLASH server's CPU target), 0 (off).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sglang_dflash import env
+from sglang_dflash.srt import cpu_linear
+
+logger = logging.getLogger("sglang_dflash")
+
+# Decode and verify shapes (batch x width); larger batches are arithmetic-bound, where the saving is
+# small and SGLang's own path stays the reference.
+MAX_TOKENS = 64
+_state = {"on": False}
+# Target forwards of this process by path (the worker's /server_info stats): "fused" (ops called
+# directly), "modules" (the one loop through SGLang's modules), "sglang" (its own forward).
+counts = {"fused": 0, "modules": 0, "sglang": 0}
+
+
+def enable(device_type: str) -> bool:
+    """Called by the DFLASH worker at start-up: a CPU target, not turned off."""
+    _state["on"] = device_type == "cpu" and env.CPU_STACK.get() != "0"
+    return _state["on"]
+
+
+def _plain_llama(model) -> bool:
+    """Every layer exactly SGLang's Llama layer with unquantized, LoRA-free linears, one process."""
+    cached = getattr(model, "_dflash_plain_llama", None)
+    if cached is not None:
+        return cached
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+    from sglang.srt.models.llama import LlamaDecoderLayer
+
+    def plain_linear(m) -> bool:
+        return (
+            type(m.quant_method) is UnquantizedLinearMethod
+            and not hasattr(m, "base_layer")
+            and not getattr(m, "use_intel_amx_backend", False)
+            and not getattr(m, "skip_bias_add", False)
+            and getattr(m, "tp_size", 1) == 1
+        )
+
+    layers = list(model.layers)
+    ok = (
+        model.pp_group.world_size == 1
+        and model.start_layer == 0
+        and model.end_layer == len(layers)
+        and all(type(layer) is LlamaDecoderLayer for layer in layers)
+        and all(
+            plain_linear(m)
+            for layer in layers
+            for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+        )
+        and all(layer.mlp.dual_gemm.mode is None and not layer.mlp.activation_quant.enabled for layer in layers)
+    )
+    model._dflash_plain_llama = ok
+    logger.info(f"target layer stack for decode/verify steps: {'one loop (llama_stack)' if ok else 'SGLang forward'}")
+    return ok
+
+
+def eligible(model, input_ids, forward_batch, input_embeds, pp_proxy_tensors) -> bool:
+    mode = forward_batch.forward_mode
+    return (
+        _state["on"]
+        and input_embeds is None
+        and pp_proxy_tensors is None
+        and input_ids.device.type == "cpu"
+        and 0 < input_ids.numel() <= MAX_TOKENS
+        and (mode.is_decode() or mode.is_target_verify())
+        and _plain_llama(model)
+    )
+
+
+def _linear(module, x: torch.Tensor) -> torch.Tensor:
+    return module.quant_method.apply(module, x, module.bias)
+
+
+def _layer(layer, positions, h, residual, forward_batch, aux):
+    """One decoder layer: h [T, hidden] the previous layer's output (the embeddings at layer 0),
+    residual [T, hidden] or None; returns the new pair. aux collects the residual stream at this
+    layer's input where the model captures it (SGLang captures the updated residual there)."""
+    if residual is None:
+        residual = h
+        x = layer.input_layernorm(h)
+    else:
+        x, residual = layer.input_layernorm(h, residual)
+    if aux is not None:
+        aux.append(residual)
+    attn = layer.self_attn
+    q, k, v = _linear(attn.qkv_proj, x).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+    q, k = attn.rotary_emb(positions, q, k)
+    h = _linear(attn.o_proj, attn.attn(q, k, v, forward_batch))
+    x, residual = layer.post_attention_layernorm(h, residual)
+    mlp = layer.mlp
+    h = _linear(mlp.down_proj, mlp.act_fn(_linear(mlp.gate_up_proj, x)))
+    return h, residual
+
+
+def _fast(model, positions, h) -> bool:
+    """Whether every norm, rotary embedding and GEMM of this step takes our fused op (the hooks'
+    own tests, on layer 0's modules: every layer is built alike), so the layers can call the ops
+    directly, skipping each module call, dispatch and hook."""
+    layer = model.layers[0]
+    attn = layer.self_attn
+    return (
+        cpu_linear.norm_fast(layer.input_layernorm, h)
+        and cpu_linear.norm_fast(layer.input_layernorm, h, h)
+        and cpu_linear.norm_fast(layer.post_attention_layernorm, h, h)
+        and cpu_linear.rope_fast(attn.rotary_emb, positions, h, h)
+        and all(
+            cpu_linear._eligible(h, m.weight, m.bias) and not getattr(m, "use_intel_amx_backend", False)
+            for m in (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+        )
+    )
+
+
+# The fused layer's ops, each behind a named function so a sampling profile (bench/step_profile.py)
+# can tell a GEMM from a norm: py-spy sees Python frames only.
+def _gemm(module, x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.sglang_dflash.bf16_linear(x, module.weight, module.bias)
+
+
+def _norm(module, h: torch.Tensor, residual):
+    """h, residual [T, hidden] -> (normed, residual + h); layer 0 (residual None): the embeddings
+    are the residual stream."""
+    if residual is None:
+        return torch.ops.sglang_dflash.rms_norm(h, None, module.weight, module.variance_epsilon)[0], h
+    return torch.ops.sglang_dflash.rms_norm(h, residual, module.weight, module.variance_epsilon)
+
+
+def _rope(module, positions, q, k):
+    return torch.ops.sglang_dflash.rope_qk(
+        positions, q, k, module.cos_sin_cache, module.head_size, module.is_neox_style
+    )
+
+
+def _fast_layer(layer, positions, h, residual, forward_batch, aux):
+    """_layer with each norm, rotary embedding and GEMM called as the op its hook would call."""
+    x, residual = _norm(layer.input_layernorm, h, residual)
+    if aux is not None:
+        aux.append(residual)
+    attn = layer.self_attn
+    q, k, v = _gemm(attn.qkv_proj, x).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+    q, k = _rope(attn.rotary_emb, positions, q, k)
+    h = _gemm(attn.o_proj, attn.attn(q, k, v, forward_batch))
+    x, residual = _norm(layer.post_attention_layernorm, h, residual)
+    mlp = layer.mlp
+    return _gemm(mlp.down_proj, mlp.act_fn(_gemm(mlp.gate_up_proj, x))), residual
+
+
+def forward(original, self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None):
+    """AROUND LlamaModel.forward: the stack in one loop for eligible decode / verify batches."""
+    if not eligible(self, input_ids, forward_batch, input_embeds, pp_proxy_tensors):
+        counts["sglang"] += 1
+        return original(self, input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors)
+    capture = set(self.layers_to_capture)
+    aux = []
+    h = self.embed_tokens(input_ids)
+    residual = None
+    fast = _fast(self, positions, h)
+    counts["fused" if fast else "modules"] += 1
+    step = _fast_layer if fast else _layer
+    for i, layer in enumerate(self.layers):
+        h, residual = step(layer, positions, h, residual, forward_batch, aux if i in capture else None)
+    h, _ = self.norm(h, residual)
+    return (h, aux) if aux else h
