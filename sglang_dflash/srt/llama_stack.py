@@ -1,20 +1,21 @@
-"""The target's Llama layer stack for decode and verify steps on CPU, without SGLang's per-layer
-machinery.
+"""The target's Llama layer stack for decode and verify steps on CPU in one loop of our ops,
+without SGLang's per-layer machinery.
 
-On a CPU, a served width-1 step of the embedded 30-layer target spends more of its time in Python
-than in arithmetic: each layer walks SGLang's layer-boundary stages (residual streams, prepare /
-finish plans, capture hooks) and its linear wrappers (tensor-parallel and sequence-parallel checks)
-around four GEMMs, two norms, one rotary embedding and one attention call (bench/step_profile.py;
-docs/serving.md "Cut 7"). For a single-process CPU target with plain linear layers those stages are
-identity moves, so this forward calls the same modules' compute directly, in the same order, on the
-same tensors: each norm, rotary embedding, activation and attention through the module SGLang built
-(and so through our fused ops where they apply), each GEMM through the layer's own quant method.
-Nothing is recomputed differently, so the output is bit-identical (python_tests/test_llama_stack.py:
-float32 DFLASH vs plain decoding, bf16 stack on vs off).
+On a CPU, a served width-1 step of the embedded 30-layer target spent more of its time in Python than
+in arithmetic: each layer walks SGLang's layer-boundary stages (residual streams, prepare / finish
+plans, capture hooks), its linear wrappers (tensor- and sequence-parallel checks), each module's
+dispatch and our hooks, around four GEMMs, two norms, one rotary embedding and one attention call
+(bench/step_profile.py; docs/serving.md "Cut 7"). For a single-process bf16 CPU target with plain
+linear layers, where every norm, rotary embedding and GEMM of the step would take our fused op
+anyway (srt/cpu_linear.py's own tests, asked once a step), this forward calls those ops directly, in
+SGLang's order, on the same tensors; the activation and attention still go through SGLang's modules.
+Nothing is computed differently, so the output is bit-identical to SGLang's forward
+(python_tests/test_llama_stack.py: tokens and every logprob, stack on vs off).
 
-Prefill (extend) batches, and anything this does not recognise (another model class, quantized or
-LoRA layers, tensor/pipeline parallelism, a GPU), keep SGLang's forward. SGLANG_DFLASH_CPU_STACK:
-auto (on for a DFLASH server's CPU target), 0 (off).
+Prefill (extend) batches, verify batches past the fused rotary embedding's bound, and anything this
+does not recognise (another model class, quantized or LoRA layers, tensor/pipeline parallelism,
+float32, a GPU) keep SGLang's forward. SGLANG_DFLASH_CPU_STACK: auto (on for a DFLASH server's CPU
+target), 0 (off).
 """
 
 from __future__ import annotations
@@ -28,13 +29,10 @@ from sglang_dflash.srt import cpu_linear
 
 logger = logging.getLogger("sglang_dflash")
 
-# Decode and verify shapes (batch x width); larger batches are arithmetic-bound, where the saving is
-# small and SGLang's own path stays the reference.
-MAX_TOKENS = 64
 _state = {"on": False}
-# Target forwards of this process by path (the worker's /server_info stats): "fused" (ops called
-# directly), "modules" (the one loop through SGLang's modules), "sglang" (its own forward).
-counts = {"fused": 0, "modules": 0, "sglang": 0}
+# Target forwards of this process by path (the worker's /server_info stats): "fused" (this loop),
+# "sglang" (its own forward).
+counts = {"fused": 0, "sglang": 0}
 
 
 def enable(device_type: str) -> bool:
@@ -78,48 +76,24 @@ def _plain_llama(model) -> bool:
     return ok
 
 
-def eligible(model, input_ids, forward_batch, input_embeds, pp_proxy_tensors) -> bool:
+def _eligible(model, input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors) -> bool:
     mode = forward_batch.forward_mode
     return (
         _state["on"]
         and input_embeds is None
         and pp_proxy_tensors is None
         and input_ids.device.type == "cpu"
-        and 0 < input_ids.numel() <= MAX_TOKENS
+        and input_ids.numel() > 0
         and (mode.is_decode() or mode.is_target_verify())
         and _plain_llama(model)
+        and _fast(model, positions, model.embed_tokens.weight[: input_ids.numel()])
     )
 
 
-def _linear(module, x: torch.Tensor) -> torch.Tensor:
-    return module.quant_method.apply(module, x, module.bias)
-
-
-def _layer(layer, positions, h, residual, forward_batch, aux):
-    """One decoder layer: h [T, hidden] the previous layer's output (the embeddings at layer 0),
-    residual [T, hidden] or None; returns the new pair. aux collects the residual stream at this
-    layer's input where the model captures it (SGLang captures the updated residual there)."""
-    if residual is None:
-        residual = h
-        x = layer.input_layernorm(h)
-    else:
-        x, residual = layer.input_layernorm(h, residual)
-    if aux is not None:
-        aux.append(residual)
-    attn = layer.self_attn
-    q, k, v = _linear(attn.qkv_proj, x).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-    q, k = attn.rotary_emb(positions, q, k)
-    h = _linear(attn.o_proj, attn.attn(q, k, v, forward_batch))
-    x, residual = layer.post_attention_layernorm(h, residual)
-    mlp = layer.mlp
-    h = _linear(mlp.down_proj, mlp.act_fn(_linear(mlp.gate_up_proj, x)))
-    return h, residual
-
-
 def _fast(model, positions, h) -> bool:
-    """Whether every norm, rotary embedding and GEMM of this step takes our fused op (the hooks'
-    own tests, on layer 0's modules: every layer is built alike), so the layers can call the ops
-    directly, skipping each module call, dispatch and hook."""
+    """Whether every norm, rotary embedding and GEMM of this step would take our fused op (the
+    hooks' own tests, on layer 0's modules, every layer being built alike; h [T, hidden] stands in
+    for the step's activations, which have its rows, dtype and device)."""
     layer = model.layers[0]
     attn = layer.self_attn
     return (
@@ -154,8 +128,10 @@ def _rope(module, positions, q, k):
     )
 
 
-def _fast_layer(layer, positions, h, residual, forward_batch, aux):
-    """_layer with each norm, rotary embedding and GEMM called as the op its hook would call."""
+def _layer(layer, positions, h, residual, forward_batch, aux):
+    """One decoder layer: h [T, hidden] the previous layer's output (the embeddings at layer 0),
+    residual [T, hidden] or None; returns the new pair. aux collects the residual stream at this
+    layer's input where the model captures it (SGLang captures the updated residual there)."""
     x, residual = _norm(layer.input_layernorm, h, residual)
     if aux is not None:
         aux.append(residual)
@@ -170,17 +146,15 @@ def _fast_layer(layer, positions, h, residual, forward_batch, aux):
 
 def forward(original, self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None):
     """AROUND LlamaModel.forward: the stack in one loop for eligible decode / verify batches."""
-    if not eligible(self, input_ids, forward_batch, input_embeds, pp_proxy_tensors):
+    if not _eligible(self, input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors):
         counts["sglang"] += 1
         return original(self, input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors)
+    counts["fused"] += 1
     capture = set(self.layers_to_capture)
     aux = []
     h = self.embed_tokens(input_ids)
     residual = None
-    fast = _fast(self, positions, h)
-    counts["fused" if fast else "modules"] += 1
-    step = _fast_layer if fast else _layer
     for i, layer in enumerate(self.layers):
-        h, residual = step(layer, positions, h, residual, forward_batch, aux if i in capture else None)
+        h, residual = _layer(layer, positions, h, residual, forward_batch, aux if i in capture else None)
     h, _ = self.norm(h, residual)
     return (h, aux) if aux else h
