@@ -16,6 +16,7 @@
 
 #include <vector>
 
+#include "cpu_features.h"
 #include "dflash_checks.h"
 
 #if defined(__x86_64__)
@@ -201,16 +202,6 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_dp(const bf16* 
 
 #pragma GCC diagnostic pop
 
-bool has_avx512_bf16() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512bf16");
-  return ok;
-}
-
-bool has_avx2_fma() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
-}
 #endif
 
 }  // namespace
@@ -226,7 +217,7 @@ at::Tensor bf16_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
   const at::Tensor x2 = x.reshape({-1, K});
   const int64_t M = x2.size(0);
 #ifdef DFLASH_X86
-  const bool dp = has_avx512_bf16() && K % 32 == 0;
+  const bool dp = dflash_cpu::has_avx512_bf16() && K % 32 == 0;
 #else
   const bool dp = false;
 #endif
@@ -258,7 +249,7 @@ at::Tensor bf16_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
       rows_dp(xb.data_ptr<bf16>(), M, wp, n0, n1, K, bp, yp, N);
       return;
     }
-    if (has_avx2_fma() && K % 8 == 0) {
+    if (dflash_cpu::has_avx2_fma() && K % 8 == 0) {
       if (M <= 2) {
         rows_stream(xp, twice ? 2 : M, wp, n0, n1, K, bp, yp, N);
       } else {

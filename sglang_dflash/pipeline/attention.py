@@ -112,11 +112,12 @@ def batched_rows(
     return out.reshape(bs, heads, rows, -1).transpose(1, 2)
 
 
-# chain_attention against gather + SDPA, bf16, one thread, one layer (`make bench-ops`, 1 / 16
-# requests of ~320 keys): 1 row a request 1.6x / 1.7x, 2 rows 1.5x / 0.9x, 4 rows 0.9x / 0.8x, 8 rows
-# 0.6x (SDPA's tiled GEMMs win once a request has several query rows). Served, width 2 steps are
-# 13% / 6% faster with it (docs/serving.md, Cut 4), so the bound is 2.
-FUSED_MAX_ROWS = 2
+# chain_attention (scores as key-blocked FMAs, docs/serving.md Cut 8) against gather + SDPA, bf16, one
+# thread, one layer (`make bench-ops`; 1 / 4 / 16 requests of ~320 keys): 1 row a request 1.85x /
+# 1.89x / 1.74x, 2 rows 2.0x / 1.26x / 1.93x, 4 rows 1.62x / 1.02x / 1.26x, 8 rows 1.23x / 0.85x /
+# 0.83x, 16 rows 0.94x / 0.75x / 0.89x: SDPA's tiled GEMMs win from 8 rows a request at a few
+# requests, so the bound is 4 (the drafter's 16-row block keeps SDPA).
+FUSED_MAX_ROWS = 4
 
 
 def fused(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: int) -> bool:
