@@ -48,7 +48,8 @@ if os.environ.get("SGLANG_DFLASH_BUILD_EXT", "1") != "0":
     from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
     flags = compile_args()
-    depends = ["csrc/dflash_checks.h", "csrc/chain_attention_body.h", "csrc/cpu_features.h"]  # included headers; listed so sdists ship them
+    # included headers; listed so sdists ship them
+    depends = ["csrc/dflash_checks.h", "csrc/chain_attention_body.h", "csrc/cpu_features.h"]
     want_cuda = os.environ.get("FORCE_CUDA") == "1" or bool(os.environ.get("CUDA_HOME"))
     if want_cuda:
         os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list()
