@@ -156,8 +156,9 @@ CPU_STACK = EnvVar(
     "SGLANG_DFLASH_CPU_STACK",
     str,
     "auto",
-    "DFLASH servers' CPU target: its Llama layer stack for decode and verify steps in one loop without SGLang's "
-    "per-layer boundary machinery (srt/llama_stack.py, bit-identical): `auto` (on), `0` (SGLang's forward)",
+    "DFLASH servers' bf16 CPU Llama target: decode and verify steps (up to 32 rows) run the layer stack as one "
+    "loop of our fused ops instead of SGLang's per-layer boundary machinery (srt/llama_stack.py, bit-identical): "
+    "`auto` (on), `0` (SGLang's forward)",
     choices=("auto", "0"),
 )
 CPU_ATTENTION = EnvVar(
