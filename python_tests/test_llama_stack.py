@@ -52,3 +52,18 @@ def test_stack_bit_identical_to_sglang_forward(pair):
     assert states["stack"]["fused"] > 0 and states["stack"]["sglang"] > 0, states
     for i, (a, b) in enumerate(zip(runs["sglang"], runs["stack"])):
         assert a == b, f"prompt {i}: the stack's tokens/logprobs differ from SGLang's forward"
+
+
+@pytest.mark.server
+def test_stack_stays_off_under_tensor_parallelism(pair):
+    """Two CPU ranks: a layer's cross-rank sums live in the boundaries the stack skips, so every
+    forward must be SGLang's (and the output still the plain one's: test_lossless.py's TP config)."""
+    from sglang_dflash.testing.pairs import MIXED
+
+    target, drafter = pair("llama", "bfloat16", MIXED["llama"])
+    extra = ["--speculative-num-draft-tokens", "8", "--tp-size", "2"]
+    with launch(target, drafter, "bfloat16", extra=extra, env={RANDOM: "5"}, name="stack-tp2") as srv:
+        for p in PROMPTS[:3]:
+            srv.generate(p, 8)
+        state = dflash_state(srv)["target_stack"]
+    assert state["fused"] == 0 and state["sglang"] > 0, state

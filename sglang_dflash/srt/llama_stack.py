@@ -46,8 +46,10 @@ def _plain_llama(model) -> bool:
     cached = getattr(model, "_dflash_plain_llama", None)
     if cached is not None:
         return cached
+    from sglang.srt.distributed.utils import get_group_rank_size
     from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
     from sglang.srt.models.llama import LlamaDecoderLayer
+    from sglang.srt.runtime_context import get_parallel
 
     def plain_linear(m) -> bool:
         return (
@@ -55,12 +57,13 @@ def _plain_llama(model) -> bool:
             and not hasattr(m, "base_layer")
             and not getattr(m, "use_intel_amx_backend", False)
             and not getattr(m, "skip_bias_add", False)
-            and getattr(m, "tp_size", 1) == 1
+            and get_group_rank_size(m.tp_group)[1] == 1
         )
 
     layers = list(model.layers)
     ok = (
-        model.pp_group.world_size == 1
+        get_parallel().tp_size == 1  # a layer's sums across ranks live in the boundaries this skips
+        and model.pp_group.world_size == 1
         and model.start_layer == 0
         and model.end_layer == len(layers)
         and all(type(layer) is LlamaDecoderLayer for layer in layers)
