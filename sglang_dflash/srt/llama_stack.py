@@ -51,9 +51,9 @@ def _plain_llama(model) -> bool:
     from sglang.srt.models.llama import LlamaDecoderLayer
     from sglang.srt.runtime_context import get_parallel
 
-    def plain_linear(m) -> bool:
+    def plain_linear(m) -> bool:  # a LoRA wrapper has a base_layer (and may lack quant_method)
         return (
-            type(m.quant_method) is UnquantizedLinearMethod
+            type(getattr(m, "quant_method", None)) is UnquantizedLinearMethod
             and not hasattr(m, "base_layer")
             and not getattr(m, "use_intel_amx_backend", False)
             and not getattr(m, "skip_bias_add", False)
