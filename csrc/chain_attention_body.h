@@ -130,7 +130,7 @@ void attend(const T* q, const T* kc, const T* vc, const int64_t* slots, int64_t 
       for (int64_t d0 = 0; d0 < D; d0 += VCHUNK) {
         const int64_t m = D - d0 < VCHUNK ? D - d0 : VCHUNK;
         float a[VCHUNK] = {};
-        if (m == VCHUNK) {
+        if (m == VCHUNK) {  // a constant trip count: the compiler keeps a[] in registers
           for (int64_t j = 0; j < n; ++j)
             for (int64_t c = 0; c < VCHUNK; ++c) a[c] += row[j] * vf[j * D + d0 + c];
         } else {

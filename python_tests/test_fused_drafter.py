@@ -162,7 +162,7 @@ def test_routed_matmuls_carry_every_projection():
         with torch.profiler.profile() as prof:
             got = cpu_linear.linear(x16, w16)
         routed = any(e.name == "sglang_dflash::bf16_linear" for e in prof.events())
-        assert routed == cpu_linear._eligible(x16, w16, None)
+        assert routed == cpu_linear.gemm_fast(x16, w16, None)
         torch.testing.assert_close(got.float(), F.linear(x16, w16).float(), rtol=2e-2, atol=2e-2)
     finally:
         cpu_linear.enable("cpu", torch.float32)

@@ -75,7 +75,8 @@ def enable(device_type: str, dtype: torch.dtype) -> bool:
     return _state["on"]
 
 
-def _eligible(x: torch.Tensor, w, bias) -> bool:
+def gemm_fast(x: torch.Tensor, w, bias) -> bool:
+    """Whether bf16_linear takes x [N, in] @ w [out, in]^T (+ bias)."""
     rows = _state["max_rows"]
     return (
         _state["on"]
@@ -92,14 +93,19 @@ def _eligible(x: torch.Tensor, w, bias) -> bool:
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [N, in] @ w [out, in]^T for the drafter (DFlashDrafter.route_matmuls, DraftHead): bf16_linear
     where the target's GEMMs of that shape take it, else F.linear (both within one bf16 step of exact)."""
-    if _eligible(x, w, None):
+    if gemm_fast(x, w, None):
         return torch.ops.sglang_dflash.bf16_linear(x, w, None)
     return torch.nn.functional.linear(x, w)
 
 
+def layer_fast(layer, x: torch.Tensor, bias) -> bool:
+    """Whether bf16_linear stands in for this linear layer's UnquantizedLinearMethod.apply."""
+    return gemm_fast(x, getattr(layer, "weight", None), bias) and not getattr(layer, "use_intel_amx_backend", False)
+
+
 def linear_apply(original, self, layer, x, bias=None):
     """AROUND UnquantizedLinearMethod.apply (its last branch is F.linear on CPU)."""
-    if _eligible(x, getattr(layer, "weight", None), bias) and not getattr(layer, "use_intel_amx_backend", False):
+    if layer_fast(layer, x, bias):
         return torch.ops.sglang_dflash.bf16_linear(x, layer.weight, bias)
     return original(self, layer, x, bias)
 
@@ -117,7 +123,7 @@ def compute_lm_head(original, self, hidden_states, lm_head, embedding_bias=None,
         and getattr(self, "rl_on_policy_target", None) is None
         and not getattr(lm_head, "use_intel_amx_backend", False)
     )
-    if plain_head and _eligible(hidden_states, w, None):
+    if plain_head and gemm_fast(hidden_states, w, None):
         return torch.ops.sglang_dflash.bf16_linear(hidden_states, w, None)
     return original(self, hidden_states, lm_head, embedding_bias, out=out)
 

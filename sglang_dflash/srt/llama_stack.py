@@ -105,7 +105,7 @@ def _fast(model, positions, h) -> bool:
         and cpu_linear.norm_fast(layer.post_attention_layernorm, h, h)
         and cpu_linear.rope_fast(attn.rotary_emb, positions, h, h)
         and all(
-            cpu_linear._eligible(h, m.weight, m.bias) and not getattr(m, "use_intel_amx_backend", False)
+            cpu_linear.layer_fast(m, h, m.bias)
             for m in (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
         )
     )
