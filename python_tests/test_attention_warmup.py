@@ -27,6 +27,7 @@ def drafter(dtype=torch.bfloat16, **overrides):
 
 class Failing(FakePrefillWrapper):
     def __init__(self, stage):
+        super().__init__()
         self.stage, self.error = stage, RuntimeError("nvcc: JIT compilation of batch_prefill failed")
 
     def plan(self, *args, **kw):
@@ -44,7 +45,7 @@ class Failing(FakePrefillWrapper):
 def install(monkeypatch, make):
     seen = []
 
-    def wrapper(dev, left, backend):
+    def wrapper(dev, left, backend, fixed=None):
         seen.append(backend)
         return make()
 
@@ -77,7 +78,7 @@ def test_flashinfer_warm_up_failure_is_a_start_up_error(monkeypatch, stage):
 
 
 def test_import_failure_of_flashinfer_is_a_start_up_error(monkeypatch):
-    def wrapper(dev, left, backend):
+    def wrapper(dev, left, backend, fixed=None):
         raise ImportError("No module named 'flashinfer'")
 
     monkeypatch.setattr(fa, "_wrapper", wrapper)

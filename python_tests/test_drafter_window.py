@@ -113,7 +113,9 @@ def test_flashinfer_windows_match_torch_path(monkeypatch):
     from sglang_dflash.pipeline import flashinfer_attention as fa
 
     planned = {}
-    monkeypatch.setattr(fa, "_wrapper", lambda dev, left, backend: planned.setdefault(left, FakePrefillWrapper()))
+    monkeypatch.setattr(
+        fa, "_wrapper", lambda dev, left, backend, fixed=None: planned.setdefault(left, FakePrefillWrapper(fixed))
+    )
     torch.manual_seed(2)
     L, B, hkv, d, lens = 3, 4, 2, 8, [5, 11]
     windows = [6, None, 4]
@@ -123,27 +125,15 @@ def test_flashinfer_windows_match_torch_path(monkeypatch):
         req_to_token[r, : s.numel()] = s
     block_slots = torch.cat([s[-B:] for s in kv_slots])
     k, v = torch.randn(L, 64, hkv, d), torch.randn(L, 64, hkv, d)
-    fi = fa.FlashInferBlockAttention(
-        k.clone(),
-        v.clone(),
-        req_to_token,
-        torch.tensor([0, 1]),
-        torch.tensor(lens),
-        block_slots,
-        B,
-        4,
-        d**-0.5,
-        windows,
-    )
+    fi = fa.FlashInferBlockAttention(k.clone(), v.clone(), B, 4, d**-0.5, windows)
+    fi.plan(req_to_token, torch.tensor([0, 1]), torch.tensor(lens), block_slots)
     assert sorted(planned) == [-1, 3, 5]
     ref = TorchBlockAttention(k.clone(), v.clone(), kv_slots, block_slots, d**-0.5, windows)
     for layer in range(L):
         q, kb, vb = torch.randn(2 * B, 4, d), torch.randn(2 * B, hkv, d), torch.randn(2 * B, hkv, d)
         torch.testing.assert_close(fi(layer, q, kb, vb), ref(layer, q, kb, vb), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="sliding_window"):  # W < B: FlashInfer would hide block rows
-        fa.FlashInferBlockAttention(
-            k, v, req_to_token, torch.tensor([0, 1]), torch.tensor(lens), block_slots, B, 4, d**-0.5, [2, None, None]
-        )
+        fa.FlashInferBlockAttention(k, v, B, 4, d**-0.5, [2, None, None])
 
 
 def test_draft_forward_builds_the_rope_table_once(monkeypatch):

@@ -110,3 +110,87 @@ def test_a_shape_first_seen_under_inference_mode_serves_later_steps():
     inp = inputs(3, seed=2)
     got = graphs.run(step, inp, PADS)
     assert torch.equal(got[0], step(**inp)[0]) and graphs.counts == {"captured": 1, "replayed": 2}
+
+
+class Plan:
+    """A prepare(state, fixed, **inputs) that records where and on what it ran (FlashInfer's plan)."""
+
+    def __init__(self):
+        self.calls, self.made = [], []
+
+    def __call__(self, state, fixed, ids, x, opt):
+        if state is None:
+            state = {"fixed": fixed, "bs": ids.shape[0]}
+            self.made.append(state)
+        state["ids"] = ids.clone()  # what the step will attend over: planned from these inputs
+        self.calls.append((fixed, ids.shape[0], CAPTURING[0]))
+        return state
+
+
+CAPTURING = [False]
+
+
+class RecordingGraphs(FakeGraphs):
+    def capture(self, fn):
+        CAPTURING[0] = True
+        try:
+            return super().capture(fn)
+        finally:
+            CAPTURING[0] = False
+
+
+def planned_step(state, ids, x, opt):
+    assert torch.equal(state["ids"], ids), "the step ran on a plan made for other inputs"
+    return step(ids, x, opt)
+
+
+def test_prepare_runs_outside_the_capture_before_every_replay_with_one_state_per_bucket():
+    plan, fake = Plan(), RecordingGraphs()
+    graphs = StepGraphs([2, 4], fake)
+    for bs, width in ((3, 4), (4, 4), (3, 8), (1, 4)):
+        inp = inputs(bs, seed=bs + width)
+        got = graphs.run(planned_step, inp, PADS, key=(width,), prepare=plan)
+        assert torch.equal(got[0], step(**inp)[0])
+    assert fake.captured == 3 and fake.replayed == 4
+    assert not any(capturing for _, _, capturing in plan.calls), "the plan ran inside a captured region"
+    # one fixed state per bucket (4 and 2), shared by that bucket's widths, sized to the bucket
+    assert [(s["fixed"], s["bs"]) for s in plan.made] == [(True, 4), (True, 2)]
+    # above the largest bucket: a fresh, unfixed plan on the batch's own rows
+    inp = inputs(5, seed=9)
+    assert torch.equal(graphs.run(planned_step, inp, PADS, key=(4,), prepare=plan)[0], step(**inp)[0])
+    assert (plan.made[-1]["fixed"], plan.made[-1]["bs"]) == (False, 5)
+
+
+class StaleGraphs(FakeGraphs):
+    """A backend whose replays return what the capture returned (a graph that read the wrong memory)."""
+
+    def capture(self, fn):
+        self.captured += 1
+        return tuple(None if o is None else o.clone() for o in fn())
+
+    def replay(self, handle):
+        self.replayed += 1
+        return handle
+
+
+def test_a_first_replay_that_differs_from_the_eager_step_is_caught_and_never_replayed_again():
+    stale = StaleGraphs()
+    graphs = StepGraphs([4], stale, check_first=True)
+    for seed in range(3):
+        inp = inputs(3, seed=seed)
+        got = graphs.run(step, inp, PADS)
+        assert torch.equal(got[0], step(**inp)[0]) and torch.equal(got[2], inp["ids"])
+    assert graphs.counts == {"captured": 1, "fallback:replay differed": 3}
+    assert stale.captured == 1 and stale.replayed == 1
+    good = StepGraphs([4], FakeGraphs(), check_first=True)
+    for seed in range(3):
+        good.run(step, inputs(3, seed=seed), PADS)
+    assert good.counts == {"captured": 1, "replayed": 3}
+
+
+def test_a_prepare_that_returns_a_new_state_is_refused():
+    """A captured step holds the state object it was captured with: a new one would never be read."""
+    graphs = StepGraphs([4], EagerGraphs())
+    fresh = lambda state, fixed, ids, x, opt: {"ids": ids.clone()}  # noqa: E731
+    with pytest.raises(RuntimeError, match="re-plan the state it is given in place"):
+        graphs.run(planned_step, inputs(3), PADS, prepare=fresh)

@@ -2,7 +2,8 @@
 to SGLang's capture buckets (--cuda-graph-bs-decode 1 4 8) and replayed from static buffers give
 float32 outputs token-identical to plain decoding and to the same server without graphs, at batch
 sizes 1, a bucket edge (4), one above it (5, padded to 8) and above the largest bucket (9, eager and
-counted); seeded sampled requests keep their tokens."""
+counted); seeded sampled requests keep their tokens. The pair's drafts depend on the context, so
+the equal verify-step counts say the replayed draft steps attended over their own batch's plan."""
 
 import pytest
 
@@ -22,17 +23,21 @@ def rounds(srv):
 
 
 @pytest.fixture(scope="module")
-def runs(pair):
-    from sglang_dflash.testing.pairs import MIXED
+def runs(context_pair):
+    """The context-dependent pair (testing/context_drafter.py): its drafts read the request's context
+    through the block attention, so a replay attending over another plan's keys drafts differently."""
+    from sglang_dflash.testing import context_drafter as cd
 
-    target, drafter = pair("llama", "float32", MIXED["llama"])
+    target, drafter = context_pair
     with launch(target, None, "float32", name="plain-graphs", extra=["--disable-overlap-schedule"]) as plain:
         refs = reference(plain, PROMPTS, MAX_NEW)
-    pinned = {"SGLANG_DFLASH_WIDTH": "8"}  # every step drafts
-    with launch(target, drafter, "float32", name="dflash-nographs", env={**pinned, "SGLANG_DFLASH_GRAPHS": "0"}) as s:
+    pinned = {"SGLANG_DFLASH_WIDTH": str(cd.BLOCK)}  # every step drafts
+    block = ["--speculative-num-draft-tokens", str(cd.BLOCK)]
+    env = {**pinned, "SGLANG_DFLASH_GRAPHS": "0"}
+    with launch(target, drafter, "float32", name="dflash-nographs", env=env, extra=block) as s:
         off = rounds(s)
     env = {**pinned, "SGLANG_DFLASH_GRAPHS": "eager"}
-    with launch(target, drafter, "float32", name="dflash-graphs", env=env, extra=BUCKETS) as s:
+    with launch(target, drafter, "float32", name="dflash-graphs", env=env, extra=BUCKETS + block) as s:
         on = rounds(s)
         log = s.log()
     return refs, off, on, log
@@ -48,6 +53,8 @@ def test_padded_replay_is_lossless_and_drafts_as_eager(runs):
     # the drafts are the eager ones: the same tokens verified in the same number of steps
     steps = lambda r: sum(o["meta_info"]["spec_verify_ct"] for n in GROUPS for o in r[0][n])  # noqa: E731
     assert steps(on) == steps(off), (steps(on), steps(off))
+    tokens = sum(o["meta_info"]["completion_tokens"] for n in GROUPS for o in on[0][n])
+    assert tokens / steps(on) > 1.5, tokens / steps(on)  # drafts that need the context were accepted
 
 
 @pytest.mark.server

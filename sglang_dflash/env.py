@@ -175,8 +175,10 @@ GRAPHS = EnvVar(
     "auto",
     "DFLASH draft steps replayed per (batch-size bucket, width) from SGLang's capture buckets "
     "(pipeline/step_graphs.py): `cuda` (CUDA graphs), `eager` (the CPU twin: padded static buffers run "
-    "eagerly), `compile` (the CPU twin compiled per shape with torch.compile), `0` (off); `auto` is off "
-    "until the draft stage is capture-safe (docs/graphs.md)",
+    "eagerly), `compile` (the CPU twin compiled per shape with torch.compile), `0` (off, and no verify graphs "
+    "beyond SGLang's own at the block size); `auto`: `cuda` on a CUDA device, off on CPU. On CUDA the verify "
+    "forward of every played width replays its own captured graphs (srt/verify_widths.py); "
+    "--disable-cuda-graph turns both off (docs/graphs.md)",
     choices=("auto", "cuda", "eager", "compile", "0"),
 )
 PROPOSAL = EnvVar(

@@ -7,8 +7,10 @@ CPU mode: tiny generated models (steered pair, mixed acceptance). GPU mode, two 
    but for near-ties (the bf16 rule of test_lossless.py), no failed draft step, tau > 1 asserted, so
    the FlashInfer drafting path must really have drafted and been accepted.
 2. throughput: random-weight (dummy) target shaped like Qwen3-8B and a 5-layer steered drafter at
-   concurrency 1, 8, 32, 64, none / ours / ours with step graphs (SGLANG_DFLASH_GRAPHS=cuda, eager on
-   CPU: captured and replayed counts must be non-zero) / SGLang's built-in DFLASH, at two controlled
+   concurrency 1, 8, 32, 64, none (SGLang's own CUDA graphs) / ours (graphs on by default: draft steps
+   and every played verify width captured, their counts must be non-zero, no capture failing; on CPU
+   the `ours+graphs` arm runs the eager twin) / ours-eager (SGLANG_DFLASH_GRAPHS=0; each arm's start-up
+   step-cost table, ms per (batch, width), is in its rows: eager vs graph) / SGLang's built-in DFLASH, at two controlled
    acceptances: "forced" (SGLANG_DFLASH_DEBUG_STEER steers the loaded target in place, testing/steer.py,
    so every draft is accepted: the speedup's upper bound, ours vs built-in at equal acceptance) and
    "random" (unsteered: tau ~ 1, each worker's overhead at minimal acceptance). Plain decoding runs
@@ -116,9 +118,11 @@ def main():
     if gpu:
         steer, builtin_env = {dflash_env.DEBUG_STEER.name: STEER}, {dflash_env.IMPL.name: "builtin"}
         impls = [("none", None, steer, "forced"), ("ours", drafter, steer, "forced")]
-        impls += [("ours+graphs", drafter, {**steer, **graphs}, "forced")]
+        # graphs are on by default on CUDA: "ours" replays them, "ours-eager" is the same worker without
+        impls += [("ours-eager", drafter, {**steer, dflash_env.GRAPHS.name: "0"}, "forced")]
         impls += [("builtin", drafter, {**steer, **builtin_env}, "forced"), ("ours", drafter, {}, "random")]
         impls += [("builtin", drafter, builtin_env, "random")]
+    graph_arm = "ours" if gpu else "ours+graphs"
     rows, ref, arms, errors = [], None, {}, {}
 
     def report(complete: bool) -> bool:
@@ -143,11 +147,15 @@ def main():
         ok = ok and not [k for k in errors if not k.startswith("builtin")]  # the built-in arm only compares
         forced = [r["tau"] for r in ours if r["acceptance"] == "forced"]
         ok = ok and all(t is not None and t > 2 for t in forced)  # the steered drafts really were accepted
-        # the graph arm really captured and replayed its draft steps (fallbacks are in its rows)
+        # the graph arm really captured and replayed its draft steps (fallbacks are in its rows) and,
+        # on GPU, every played verify width captured its own graphs
         ok = ok and all(
-            r["graphs"].get("captured", 0) > 0 and r["graphs"].get("replayed", 0) > 0
+            r["graphs"].get("captured", 0) > 0
+            and r["graphs"].get("replayed", 0) > 0
+            and not [k for k in r["graphs"] if k.startswith("fallback:capture") or k.endswith("failed")]
+            and (not gpu or any(k.endswith(": captured") for k in r.get("verify_graphs", {})))
             for r in ours
-            if r["impl"] == "ours+graphs"
+            if r["impl"] == graph_arm and r["acceptance"] in (None, "forced")
         )
         out = {
             "tier": "e2e",
@@ -196,10 +204,12 @@ def main():
                 for c in concs:
                     r, _ = bench(srv, batch, c, max_new)
                     rows.append({"impl": name, "acceptance": acceptance, "identical_to_plain": same, **r})
-                if name == "ours+graphs":  # captured / replayed / fallback counts over the whole arm
-                    counts = dict(dflash_state(srv).get("graphs", {}))
+                if name.startswith("ours"):  # graph counts over the whole arm; the start-up step costs
+                    state = dflash_state(srv)
                     for r in rows[-len(concs) :]:
-                        r["graphs"] = counts
+                        r["graphs"] = dict(state.get("graphs", {}))
+                        r["verify_graphs"] = dict(state.get("verify_graphs", {}))
+                        r["profile_ms"] = state.get("profile_ms", {})
         except (AssertionError, RuntimeError, TimeoutError, OSError) as e:
             errors[label] = f"{type(e).__name__}: {e}"[-2000:]
         report(complete=False)

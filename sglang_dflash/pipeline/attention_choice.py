@@ -29,20 +29,43 @@ def check_capture_layers(model, cfg: DrafterConfig) -> None:
 
 
 def block_attention(
-    cfg: DrafterConfig, block: int, cuda: bool, kv: DraftKVCache, req_to_token, req_pool_indices, prefix, slots
+    cfg: DrafterConfig,
+    block: int,
+    cuda: bool,
+    kv: DraftKVCache,
+    req_to_token,
+    req_pool_indices,
+    prefix,
+    slots,
+    reuse=None,
+    fixed: bool = False,
 ):
     """Non-causal block attention for one step: FlashInfer on CUDA unless a window < B (see
-    window_left), else torch. prefix [bs]; slots [bs*B] KV slot ids of the block."""
+    window_left), else torch. prefix [bs]; slots [bs*B] KV slot ids of the block. fixed: for a
+    captured batch size (FlashInfer's fixed buffers); reuse: that batch size's attention, re-planned."""
     scale = cfg.head_dim**-0.5
     windows = cfg.layer_windows
     if uses_flashinfer(cfg, block, cuda, kv.k.dtype):
         from sglang_dflash.pipeline.flashinfer_attention import FlashInferBlockAttention
 
-        args = (req_to_token, req_pool_indices, prefix, slots, block, cfg.num_heads, scale, windows)
-        return FlashInferBlockAttention(kv.k, kv.v, *args)
+        if reuse is None:
+            bs = len(prefix) if fixed else None
+            width = int(req_to_token.shape[1]) + block
+            reuse = FlashInferBlockAttention(kv.k, kv.v, block, cfg.num_heads, scale, windows, bs, width)
+        return reuse.plan(req_to_token, req_pool_indices, prefix, slots)
     # The one host sync of the torch path (free on CPU; on CUDA only for float32 or a window < B).
     table = slot_table(req_to_token, req_pool_indices, int(prefix.max()) + block)  # [bs, max prefix + B]
-    return TorchBlockAttention(kv.k, kv.v, table, slots, scale, windows, prefix=prefix)
+    fresh = TorchBlockAttention(kv.k, kv.v, table, slots, scale, windows, prefix=prefix)
+    if reuse is None:
+        return fresh
+    reuse.__dict__.update(fresh.__dict__)  # re-planned in place: a replayed step holds this object
+    return reuse
+
+
+def capturable(cfg: DrafterConfig, block: int, cuda: bool, dtype: torch.dtype) -> bool:
+    """Whether a CUDA graph can hold the draft step: FlashInfer's is planned outside it; the torch
+    path's key table changes shape with the longest context, so it runs eagerly."""
+    return uses_flashinfer(cfg, block, cuda, dtype)
 
 
 def uses_flashinfer(cfg: DrafterConfig, block: int, cuda: bool, dtype: torch.dtype) -> bool:

@@ -22,11 +22,17 @@ _WORKSPACE: dict = {}
 _WRAPPERS: dict = {}
 
 
-def _wrapper(dev: torch.device, left: int, backend: str):
+def _wrapper(dev: torch.device, left: int, backend: str, fixed: Optional[dict] = None):
+    """fixed: FlashInfer's CUDA-graph buffers (one batch size for the wrapper's life); such a
+    wrapper belongs to one captured batch size, so it is made anew, not shared."""
     import flashinfer
 
     if dev not in _WORKSPACE:
         _WORKSPACE[dev] = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=dev)
+    if fixed is not None:
+        return flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            _WORKSPACE[dev], kv_layout="NHD", backend=backend, use_cuda_graph=True, **fixed
+        )
     if (dev, left, backend) not in _WRAPPERS:
         wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_WORKSPACE[dev], kv_layout="NHD", backend=backend)
         _WRAPPERS[dev, left, backend] = wrapper
@@ -68,50 +74,73 @@ def q_dtype_for(kv_dtype: torch.dtype) -> torch.dtype:
 
 
 class FlashInferBlockAttention:
+    """Planned per step (plan), run per drafter layer (__call__). With fixed_bs (a captured batch
+    size), its wrappers keep their index arrays in fixed buffers (FlashInfer's CUDA-graph mode), so
+    the plan runs outside a captured draft step, before each replay, and the run inside it."""
+
     def __init__(
         self,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        req_to_token: torch.Tensor,
-        req_pool_indices: torch.Tensor,
-        prefix_lens: torch.Tensor,
-        block_slots: torch.Tensor,
         block: int,
         num_heads: int,
         scale: float,
         windows: Sequence[Optional[int]] = (),
+        fixed_bs: Optional[int] = None,
+        max_kv: int = 0,
     ):
-        """k_cache, v_cache [L, S, Hkv, D]; prefix_lens [bs]; block_slots [bs*B];
-        windows[layer]: that layer's sliding window (None or absent: full attention)."""
+        """k_cache, v_cache [L, S, Hkv, D]; windows[layer]: that layer's sliding window (None or
+        absent: full attention); max_kv: the most keys one request can hold (fixed_bs only)."""
         dev = k_cache.device
-        bs = prefix_lens.numel()
-        kv_indptr, kv_indices = paged_kv_layout(req_to_token, req_pool_indices, prefix_lens + block)
-        qo_indptr = torch.arange(0, (bs + 1) * block, block, dtype=torch.int32)  # host: no sync in plan
-        last_page_len = torch.ones(bs, dtype=torch.int32)
         windows = list(windows) + [None] * (k_cache.shape[0] - len(windows))  # absent: full attention
-        lefts = [window_left(w, block) for w in windows]
+        self.lefts = [window_left(w, block) for w in windows]  # [L]
         self.backend = env.FLASHINFER_BACKEND.get()
         self.q_dtype = q_dtype_for(k_cache.dtype)
-        planned = {}
-        for left in sorted(set(lefts)):  # one plan per distinct window, shared by its layers
-            planned[left] = _wrapper(dev, left, self.backend)
-            planned[left].plan(
+        self.fixed_bs = fixed_bs
+        wrappers = {}
+        for left in sorted(set(self.lefts)):  # one wrapper per distinct window, shared by its layers
+            fixed = None
+            if fixed_bs is not None:
+                i32 = dict(dtype=torch.int32, device=dev)
+                fixed = dict(
+                    qo_indptr_buf=torch.zeros(fixed_bs + 1, **i32),
+                    paged_kv_indptr_buf=torch.zeros(fixed_bs + 1, **i32),
+                    paged_kv_indices_buf=torch.zeros(fixed_bs * max_kv, **i32),
+                    paged_kv_last_page_len_buf=torch.ones(fixed_bs, **i32),
+                )
+            wrappers[left] = _wrapper(dev, left, self.backend, fixed)
+        self.planned = wrappers
+        self.wrappers = [wrappers[left] for left in self.lefts]  # [L]
+        self.k, self.v, self.block, self.num_heads, self.scale = k_cache, v_cache, block, num_heads, scale
+
+    def plan(self, req_to_token, req_pool_indices, prefix_lens, block_slots) -> "FlashInferBlockAttention":
+        """prefix_lens [bs]; block_slots [bs*B] KV slot ids of the block. Host work: the index
+        arrays' one device->host copy and FlashInfer's plan."""
+        bs, B = prefix_lens.numel(), self.block
+        if self.fixed_bs is not None and bs != self.fixed_bs:
+            raise ValueError(f"block attention fixed for batch size {self.fixed_bs} planned for {bs}")
+        kv_indptr, kv_indices = paged_kv_layout(req_to_token, req_pool_indices, prefix_lens + B)
+        qo_indptr = torch.arange(0, (bs + 1) * B, B, dtype=torch.int32)  # host: no sync in plan
+        last_page_len = torch.ones(bs, dtype=torch.int32)
+        kv = self.k.shape
+        for left, wrapper in self.planned.items():
+            wrapper.plan(
                 qo_indptr,
                 kv_indptr,
                 kv_indices,
                 last_page_len,
-                num_heads,
-                k_cache.shape[2],
-                k_cache.shape[3],
+                self.num_heads,
+                kv[2],
+                kv[3],
                 1,
                 causal=False,
-                sm_scale=scale,
+                sm_scale=self.scale,
                 window_left=left,
                 q_data_type=self.q_dtype,
-                kv_data_type=k_cache.dtype,
+                kv_data_type=self.k.dtype,
             )
-        self.wrappers = [planned[left] for left in lefts]  # [L]
-        self.k, self.v, self.block_slots = k_cache, v_cache, block_slots
+        self.block_slots = block_slots
+        return self
 
     def __call__(self, layer: int, q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor) -> torch.Tensor:
         """q [bs*B, H, D]; k_blk, v_blk [bs*B, Hkv, D] -> [bs*B, H, D]."""

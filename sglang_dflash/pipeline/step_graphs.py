@@ -90,8 +90,15 @@ class CudaGraphs:
 
 
 class _Entry:
-    def __init__(self, static: dict, handle):
-        self.static, self.handle = static, handle
+    def __init__(self, static: dict, call: dict, handle, state):
+        self.static, self.call, self.handle, self.state = static, call, handle, state
+        self.checked = False
+
+
+def _same(a: Outputs, b: Outputs) -> bool:
+    return len(a) == len(b) and all(
+        (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y)) for x, y in zip(a, b)
+    )
 
 
 def capture_buckets(sizes: Optional[Sequence[int]], max_bs: Optional[int]) -> list[int]:
@@ -103,10 +110,13 @@ def capture_buckets(sizes: Optional[Sequence[int]], max_bs: Optional[int]) -> li
 class StepGraphs:
     """The cache of captured step shapes. counts: captured / replayed / fallback:<reason>."""
 
-    def __init__(self, buckets: Sequence[int], backend):
-        self.buckets, self.backend = list(buckets), backend
+    def __init__(self, buckets: Sequence[int], backend, check_first: bool = False):
+        """check_first: a shape's first replay is compared with the same step run eagerly on the same
+        static buffers; a shape whose outputs differ is never replayed again (counted)."""
+        self.buckets, self.backend, self.check_first = list(buckets), backend, check_first
         self.entries: dict = {}
-        self.failed: set = set()
+        self.failed: dict = {}  # shape -> why it runs eagerly
+        self.states: dict = {}  # bucket -> prepare's state
         self.counts: Counter = Counter()
 
     def bucket(self, bs: int) -> Optional[int]:
@@ -119,32 +129,56 @@ class StepGraphs:
         inputs: dict,
         pads: dict,
         key: tuple = (),
+        prepare: Optional[Callable] = None,
     ) -> Outputs:
         """fn(**inputs) -> Outputs; inputs {name: tensor [bs, ...] or None}; pads {name: the value a
         padded row holds}; key: what else fixes the shape (the width). The same outputs fn gives
-        on the inputs, each cut to the batch's bs rows."""
+        on the inputs, each cut to the batch's bs rows.
+
+        prepare(state, fixed, **inputs) -> state: the host work a captured step cannot hold
+        (FlashInfer's plan), run outside it before every replay (and the capture) on the static
+        buffers; fn then takes that state first. fixed: for a bucket (state None: make it, else
+        re-plan it in place and return it: the captured step holds that object); an eager fallback
+        prepares a fresh unfixed state."""
         bs = next(v.shape[0] for v in inputs.values() if v is not None)
         bucket = self.bucket(bs)
         shape = (bucket, tuple(key), tuple(sorted(n for n, v in inputs.items() if v is not None)))
         if bucket is None or shape in self.failed:
-            self.counts["fallback:" + ("batch above the largest bucket" if bucket is None else "capture failed")] += 1
-            return fn(**inputs)
+            self.counts["fallback:" + ("batch above the largest bucket" if bucket is None else self.failed[shape])] += 1
+            return self._eager(fn, inputs, prepare)
         entry = self.entries.get(shape)
         if entry is None:
-            entry = self._capture(shape, fn, inputs, pads, bucket)
+            entry = self._capture(shape, fn, inputs, pads, bucket, prepare)
             if entry is None:
-                return fn(**inputs)
+                return self._eager(fn, inputs, prepare)
         for name, v in inputs.items():
             if v is not None:
                 buf = entry.static[name]
                 buf[:bs].copy_(v)
                 if bs < bucket:
                     buf[bs:].fill_(pads[name])
+        if prepare is not None and prepare(entry.state, True, **entry.call) is not entry.state:
+            raise RuntimeError("step graphs: prepare must re-plan the state it is given in place")
         out = self.backend.replay(entry.handle)
+        if self.check_first and not entry.checked:
+            entry.checked = True
+            ref = fn(entry.state, **entry.call) if prepare is not None else fn(**entry.call)
+            if not _same(out, ref):
+                self.failed[shape] = "replay differed"
+                del self.entries[shape]
+                self.counts["fallback:replay differed"] += 1
+                logger.warning("DFLASH step graph replay of %s differed from its eager step; it runs eagerly", shape)
+                return tuple(None if o is None else o[:bs] for o in ref)
         self.counts["replayed"] += 1
         return tuple(None if o is None else o[:bs] for o in out)
 
-    def _capture(self, shape, fn, inputs: dict, pads: dict, bucket: int) -> Optional[_Entry]:
+    @staticmethod
+    def _eager(fn, inputs: dict, prepare) -> Outputs:
+        if prepare is None:
+            return fn(**inputs)
+        return fn(prepare(None, False, **inputs), **inputs)
+
+    def _capture(self, shape, fn, inputs: dict, pads: dict, bucket: int, prepare) -> Optional[_Entry]:
         static = {}
         # Normal tensors even when the first step of a shape runs under inference mode (the
         # start-up profile): an inference tensor could not be written by later steps outside it.
@@ -153,15 +187,21 @@ class StepGraphs:
                 if v is not None:
                     static[name] = torch.full((bucket, *v.shape[1:]), pads[name], dtype=v.dtype, device=v.device)
         call = {n: static.get(n) for n in inputs}
+        state = None
         try:
-            handle = self.backend.capture(lambda: fn(**call))
+            if prepare is not None:  # one state per bucket, shared by its shapes (re-planned per replay)
+                state = prepare(self.states.get(bucket), True, **call)
+                self.states[bucket] = state
+                handle = self.backend.capture(lambda: fn(state, **call))
+            else:
+                handle = self.backend.capture(lambda: fn(**call))
         except Exception as e:  # noqa: BLE001 - a shape that cannot be captured runs eagerly, counted
-            self.failed.add(shape)
+            self.failed[shape] = "capture failed"
             self.counts["fallback:capture failed"] += 1
             logger.warning(
                 "DFLASH step graph capture failed for %s (%s: %s); it runs eagerly", shape, type(e).__name__, e
             )
             return None
         self.counts["captured"] += 1
-        entry = self.entries[shape] = _Entry(static, handle)
+        entry = self.entries[shape] = _Entry(static, call, handle, state)
         return entry

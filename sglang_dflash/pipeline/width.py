@@ -158,7 +158,13 @@ class WidthController:
         return "fixed" if self.fixed is not None else "random" if self.rng is not None else "adaptive"
 
     def stats(self) -> dict:
-        return {"width_mode": self.mode, "width_steps": {str(w): n for w, n in sorted(self.chosen.items())}}
+        out = {"width_mode": self.mode, "width_steps": {str(w): n for w, n in sorted(self.chosen.items())}}
+        if self.cost is not None:  # the start-up profile, ms a step by batch size and width
+            c = self.cost
+            out["profile_ms"] = {
+                str(b): {str(w): round(c.profiled(b, w) * 1e3, 3) for w in c.widths} for b in c.batch_sizes
+            }
+        return out
 
     def candidates(self, bs: int) -> list[int]:
         i = max(bisect.bisect_right(self.keys, bs) - 1, 0)

@@ -17,7 +17,8 @@ def draft_step(w, req_pool_indices, prefix, slots, block_ids, positions, samplin
     """Worker w's drafter over the whole block -> proposals for its first `width` rows (default B).
     req_pool_indices, prefix [bs]; slots, block_ids, positions [bs, B]. Under step graphs a batch is
     padded to its bucket with rows that read and write nothing real: the padding slot 0, no
-    context (prefix 0), the mask token, greedy."""
+    context (prefix 0), the mask token, greedy. The block attention is planned outside the step
+    (FlashInfer's plan is host work a CUDA graph cannot hold) and run inside it."""
     req_to_token = w.model_runner.req_to_token_pool.req_to_token
     cuda, B = w.device_type == "cuda", w.block_size
     sel = w.drafter.selector
@@ -27,17 +28,20 @@ def draft_step(w, req_pool_indices, prefix, slots, block_ids, positions, samplin
     sampled = None if sampling is None or sampling.sampled is None else temps is not None
     embed = w.model_runner.model.model.embed_tokens
 
-    def step(pool_rows, prefix, slots, block_ids, positions, temps, noise):
-        attend = block_attention(w.cfg, B, cuda, w.draft_kv, req_to_token, pool_rows, prefix, slots.reshape(-1))
+    def plan(attend, fixed, pool_rows, prefix, slots, **_):  # outside a captured step: host work
+        args = (w.cfg, B, cuda, w.draft_kv, req_to_token, pool_rows, prefix, slots.reshape(-1))
+        return block_attention(*args, reuse=attend, fixed=fixed)
+
+    def step(attend, pool_rows, prefix, slots, block_ids, positions, temps, noise):
         p = propose(w.drafter, attend, embed, w.draft_head, block_ids, positions, temps, noise, width, from_q, sampled)
         return p.tokens, p.cand_ids, p.q, p.q_rows, p.failed
 
     args = dict(pool_rows=req_pool_indices, prefix=prefix, slots=slots, block_ids=block_ids, positions=positions)
     args.update(temps=temps, noise=noise)
     if w.graphs is None:
-        return Proposal(*step(**args)).first(width or B)
+        return Proposal(*step(plan(None, False, **args), **args)).first(width or B)
     pads = dict(pool_rows=0, prefix=0, slots=0, block_ids=w.mask_token_id, positions=0, temps=0.0, noise=0.0)
-    out = w.graphs.run(step, args, pads, key=(width, from_q))
+    out = w.graphs.run(step, args, pads, key=(width, from_q), prepare=plan)
     if w.metrics is not None:
         w.metrics.record_graphs(w.graphs.counts)
     return Proposal(*out).first(width or B)

@@ -16,10 +16,19 @@ logger = logging.getLogger("sglang_dflash")
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64)
 
 
-def make_step_graphs(device_type: str, max_running: int) -> Optional[StepGraphs]:
-    """max_running: the scheduler's request cap (no bucket above what can run)."""
+def make_step_graphs(device_type: str, max_running: int, capturable: bool = True) -> Optional[StepGraphs]:
+    """max_running: the scheduler's request cap (no bucket above what can run); capturable: the
+    draft step can be held by a CUDA graph (attention_choice.capturable). `auto`: CUDA graphs on a
+    CUDA device (unless --disable-cuda-graph or the step cannot be captured), off elsewhere."""
     mode = env.GRAPHS.get()
-    if mode in ("auto", "0"):
+    if mode == "auto":
+        if device_type != "cuda":
+            return None
+        mode = "cuda"
+    if mode == "cuda" and not capturable:  # its key table would be baked into the graph at capture
+        logger.warning("DFLASH step graphs: off (this drafter drafts with torch attention: not capturable)")
+        return None
+    if mode == "0":
         return None
     from sglang.srt.runtime_context import get_exec
 
@@ -36,4 +45,4 @@ def make_step_graphs(device_type: str, max_running: int) -> Optional[StepGraphs]
     buckets = capture_buckets(sizes, min(cap or max_running, max_running))
     backend = CudaGraphs() if mode == "cuda" else CompiledGraphs() if mode == "compile" else EagerGraphs()
     logger.info("DFLASH step graphs: %s backend, batch-size buckets %s", backend.name, buckets)
-    return StepGraphs(buckets, backend)
+    return StepGraphs(buckets, backend, check_first=mode == "cuda")

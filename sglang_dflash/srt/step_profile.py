@@ -31,12 +31,10 @@ PROFILE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 PROFILE_PASSES = 3
 
 
-def make_controller(worker) -> WidthController:
-    """The width controller the server runs with: pinned (SGLANG_DFLASH_WIDTH), random (debug), or
-    cost-aware over the candidates of --speculative-adaptive-config (default: 1, 2, 4, 8, B)."""
+def _width_settings(block: int):
+    """(pinned width or None, debug seed or None, debug cycle, candidates by batch size), checked."""
     from sglang.srt.runtime_context import get_spec
 
-    block = worker.block_size
     fixed, seed = env.WIDTH.get() or None, env.DEBUG_RANDOM_WIDTH.get()
     if fixed is not None and not 1 <= fixed <= block:
         raise ValueError(f"{env.WIDTH.name}={fixed}: expected 0 (adaptive) or a width in 1..{block} (block size)")
@@ -45,12 +43,29 @@ def make_controller(worker) -> WidthController:
         raise ValueError(f"{env.DEBUG_WIDTH_CYCLE.name}={cycle}: widths must be in 1..{block} (block size)")
     path = get_spec().speculative_adaptive_config
     widths_for_bs = load_width_config(path, block) if path else {1: candidate_widths(block)}
+    return fixed, seed, cycle, widths_for_bs
+
+
+def played_widths(worker) -> list[int]:
+    """The widths make_controller can choose (start-up builds their verify graphs): the pinned width,
+    the debug cycle, or the candidates and 1; the random debug width plays any 1..B (widths not
+    listed here verify eagerly)."""
+    fixed, _, cycle, widths_for_bs = _width_settings(worker.block_size)
+    if fixed is not None:
+        return [fixed]
+    return sorted(set(cycle)) if cycle else sorted({w for ws in widths_for_bs.values() for w in ws} | {1})
+
+
+def make_controller(worker) -> WidthController:
+    """The width controller the server runs with: pinned (SGLANG_DFLASH_WIDTH), random (debug), or
+    cost-aware over the candidates of --speculative-adaptive-config (default: 1, 2, 4, 8, B)."""
+    block = worker.block_size
+    fixed, seed, cycle, widths_for_bs = _width_settings(block)
     cost = None
     if fixed is None and seed is None and not cycle and env.PROFILE.get():
         max_running = worker.server_args.max_running_requests or 48
         sizes = profile_batch_sizes(min(max_running, worker.model_runner.req_to_token_pool.size - 1))
-        widths = sorted({w for ws in widths_for_bs.values() for w in ws} | {1})
-        cost = profile_costs(worker, widths, sizes)
+        cost = profile_costs(worker, played_widths(worker), sizes)
     ctl = WidthController(block, cost, widths_for_bs, fixed=fixed, debug_seed=seed, cycle=cycle)
     logger.info("DFLASH verify width: %s, candidates by batch size %s", ctl.mode, widths_for_bs)
     return ctl
@@ -127,7 +142,9 @@ def _dummy_step(worker, bs: int, width: int) -> float:
     draft = block_ids[:, :width]
     if width > 1:
         draft = worker.draft(batch.req_pool_indices, prefix, slots, block_ids, positions, None, width).tokens
-    out = dummy_verify_forward(worker._target_worker, draft, positions[:, :width], slots[:, :width], pool_rows, prefix)
+    out = dummy_verify_forward(
+        worker._target_worker, draft, positions[:, :width], slots[:, :width], pool_rows, prefix, worker.verify_widths
+    )
     tokens = out.next_token_logits.argmax(-1).view(bs, width)
     budget = torch.full((bs,), 1 << 30, dtype=torch.int64, device=dev)
     acc = accept_block(draft, tokens, prefix, budget, torch.full((bs, 1), -1, dtype=torch.int64, device=dev))

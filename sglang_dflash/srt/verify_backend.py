@@ -4,6 +4,8 @@ backend's verify path (CPU): W causal rows per request."""
 
 from __future__ import annotations
 
+import contextlib
+
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
@@ -12,26 +14,31 @@ import torch
 from sglang_dflash.pipeline.attention import RowPlan, attend_plan, fused, slot_table, verify_plan
 
 
-def verify_forward(target_worker, batch, draft, positions, slots):
-    """draft, positions, slots [bs, W] -> the target's logits output over the chain (features kept)."""
+def verify_forward(target_worker, batch, draft, positions, slots, widths=None):
+    """draft, positions, slots [bs, W] -> (the target's logits output over the chain, features kept;
+    whether it replayed a captured graph). widths: verify_widths.VerifyWidths (CUDA) or None."""
     width = draft.shape[1]
     batch.out_cache_loc = slots.reshape(-1)
-    # Verify host bound = committed prefix + one verify block; restored right after the plan
+    # The attention plan's host bound = committed prefix + the W chain rows (FlashInfer's graph
+    # replay requires it); the scheduler's own value is restored right after the forward batch
+    # copied it. The plan itself runs once, in the forward (deferred), graph or eager.
     saved = (batch.seq_lens_cpu, batch.seq_lens_sum)
     if batch.seq_lens_cpu is not None:
         batch.seq_lens_cpu = batch.seq_lens_cpu + width
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-    fb, _ = _verify_input(draft, positions).prepare_for_verify(batch, target_worker)
-    batch.seq_lens_cpu, batch.seq_lens_sum = saved
-    return target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True).logits_output
+    with _at(widths, width):
+        fb, _ = _verify_input(draft, positions).prepare_for_verify(batch, target_worker, defer_metadata_init=True)
+        batch.seq_lens_cpu, batch.seq_lens_sum = saved
+        out = target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
+    return out.logits_output, bool(out.can_run_cuda_graph)
 
 
-def dummy_verify_forward(target_worker, draft, positions, slots, pool_rows, prefix):
+def dummy_verify_forward(target_worker, draft, positions, slots, pool_rows, prefix, widths=None):
     """The same forward for a batch built without the scheduler (start-up profile): pool_rows [bs]
     request-pool rows, prefix [bs] their committed lengths."""
     runner = target_worker.model_runner
-    bs = draft.shape[0]
-    host = prefix.cpu()
+    bs, width = draft.shape
+    host = prefix.cpu() + width  # the plan's bound, as verify_forward sets it
     fb = ForwardBatch(
         forward_mode=ForwardMode.TARGET_VERIFY,
         batch_size=bs,
@@ -49,7 +56,12 @@ def dummy_verify_forward(target_worker, draft, positions, slots, pool_rows, pref
         global_forward_mode=ForwardMode.TARGET_VERIFY,
     )
     runner.kv_index_translator.bind_runner_slots(fb)
-    return target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True).logits_output
+    with _at(widths, width):
+        return target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True).logits_output
+
+
+def _at(widths, width: int):
+    return widths.at(width) if widths is not None else contextlib.nullcontext()
 
 
 def _verify_input(draft, positions) -> DFlashVerifyInput:

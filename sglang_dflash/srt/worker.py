@@ -27,21 +27,21 @@ from sglang_dflash.model.loader import load_drafter
 from sglang_dflash.model.mask_token import resolve_mask_token_id
 from sglang_dflash.pipeline.accept import accept_block
 from sglang_dflash.pipeline.attention_choice import check_capture_layers, dump_context
-from sglang_dflash.pipeline.attention_choice import warm_up_block_attention
+from sglang_dflash.pipeline.attention_choice import capturable, warm_up_block_attention
 from sglang_dflash.pipeline.block import block_slots, build_block
 from sglang_dflash.pipeline.context_kv import DraftKVCache, write_context
 from sglang_dflash.pipeline.draft import Proposal
 from sglang_dflash.pipeline.grammar_mask import apply_masks, chain_masks
 from sglang_dflash.pipeline.penalties import apply_penalties
 from sglang_dflash.pipeline.target_sampling import target_tokens
-from sglang_dflash.srt import cpu_linear, llama_stack, metrics as dflash_metrics
+from sglang_dflash.srt import cpu_linear, llama_stack, metrics as dflash_metrics, verify_widths
 from sglang_dflash.srt.draft_head import DraftHead
 from sglang_dflash.srt.draft_stage import draft_failed, draft_step
 from sglang_dflash.srt.graph_choice import make_step_graphs
 from sglang_dflash.srt.metrics import StageClock
 from sglang_dflash.srt.seeded_prefill import PreSampleLogits, reseed_first_tokens
 from sglang_dflash.srt.step_inputs import StepInputs, sampling_rows
-from sglang_dflash.srt.step_profile import make_controller
+from sglang_dflash.srt.step_profile import make_controller, played_widths
 from sglang_dflash.srt.verify_backend import verify_forward
 
 logger = logging.getLogger("sglang_dflash")
@@ -84,7 +84,8 @@ class DFlashWorker(BaseSpecWorker):
         self.flashinfer_sampler = get_exec().kernel.sampling_backend in ("flashinfer", "intel_xpu")
         self.metrics = dflash_metrics.create(self.block_size)
         self.draft_steps = self.draft_failures = 0
-        self.width = self.graphs = None  # the width controller and step graphs: start-up's end (init_cuda_graphs)
+        # the width controller, step graphs and verify widths: start-up's end (init_cuda_graphs)
+        self.width = self.graphs = self.verify_widths = None
         self._step_cost = None  # (bs, width, stage seconds, end time) of the last decode step
         trace = env.DEBUG_STEP_TRACE.get()
         self.trace = dflash_metrics.StepTrace(trace) if trace else None
@@ -119,7 +120,12 @@ class DFlashWorker(BaseSpecWorker):
 
     def init_cuda_graphs(self):
         """SGLang's last start-up hook (pools and attention backends exist): set up the width choice."""
-        self.graphs = make_step_graphs(self.device_type, self.model_runner.req_to_token_pool.size)
+        cuda = self.device_type == "cuda"
+        held = capturable(self.cfg, self.block_size, cuda, self.draft_kv.k.dtype)
+        self.graphs = make_step_graphs(self.device_type, self.model_runner.req_to_token_pool.size, held)
+        if cuda:  # every width's verify forward its own attention backend and graphs (verify_widths.py)
+            widths, graphs = played_widths(self), env.GRAPHS.get() != "0"
+            self.verify_widths = verify_widths.for_sglang(self.model_runner, self.block_size, widths, graphs)
         self.width = make_controller(self)  # after the graphs: the profile measures replayed steps
 
     def clear_cache_pool(self):
@@ -151,6 +157,8 @@ class DFlashWorker(BaseSpecWorker):
         """Live counters for /server_info (internal_states[i]["dflash"])."""
         width = self.width.stats() if self.width is not None else {}
         graphs = {"graphs": dict(self.graphs.counts)} if self.graphs is not None else {}
+        if self.verify_widths is not None:
+            graphs["verify_graphs"] = dict(self.verify_widths.counts)
         stack = {"target_stack": dict(llama_stack.counts)}
         return {"draft_steps": self.draft_steps, "draft_failures": self.draft_failures, **width, **graphs, **stack}
 
@@ -227,7 +235,9 @@ class DFlashWorker(BaseSpecWorker):
 
         # 2) verify: the target runs the W rows as a causal chain; then sample its token per row and
         #    accept while drafts match them
-        logits_output = verify_forward(self._target_worker, batch, proposal.tokens, positions, slots)
+        logits_output, replayed = verify_forward(
+            self._target_worker, batch, proposal.tokens, positions, slots, self.verify_widths
+        )
         logits = logits_output.next_token_logits  # [bs*W, V]
         clock.mark("verify")
         if inp.penalties is not None:  # in place, as plain decoding does (logprobs see them too)
@@ -274,7 +284,7 @@ class DFlashWorker(BaseSpecWorker):
             logits_output=logits_output,
             next_token_ids=acc.out_tokens.reshape(-1),
             accept_lens=acc.commit_lens.to(torch.int32),
-            can_run_cuda_graph=False,
+            can_run_cuda_graph=replayed,
             next_draft_input=nxt,
             speculative_num_draft_tokens=W,
             new_seq_lens=new_seq_lens,

@@ -103,8 +103,10 @@ def dflash_state(srv: Server) -> dict:
     out = {}
     for st in states:
         for k, v in st["dflash"].items():
-            if isinstance(v, dict):  # per-width step counts
+            if isinstance(v, dict) and all(isinstance(n, int) for n in v.values()):  # per-width step counts
                 v = {w: n + out.get(k, {}).get(w, 0) for w, n in v.items()}
+            elif isinstance(v, dict):  # a table (the start-up profile): the first rank's
+                v = out.get(k, v)
             out[k] = v if not isinstance(v, int) else out.get(k, 0) + v
     return out
 

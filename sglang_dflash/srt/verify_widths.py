@@ -1,0 +1,105 @@
+"""The target's verify forward at every width the controller plays, on CUDA.
+
+SGLang sets a DFLASH target up for one verify width, the block size B: its attention backend
+(FA3 lays the verify rows out for speculative_num_draft_tokens, whatever the batch says) and its
+decode graph runner (TARGET_VERIFY captured with B tokens per request; a batch of another width
+runs eagerly). Our steps verify W <= B rows. So each other width gets its own attention backend,
+made as SGLang makes one with speculative_num_draft_tokens = W, and, where SGLang captures decode
+graphs, its own DecodeCudaGraphRunner captured at W (one graph per batch-size bucket, in SGLang's
+graph memory pool). `at(W)` swaps them in for one verify forward and back after it, so prefills and
+every other forward see SGLang's own. A width whose graphs fail to capture verifies eagerly
+(counted); a width outside the start-up set gets its backend when first played (eager).
+
+On CPU there is nothing to swap: our torch_native verify reads the width from the batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import Counter
+from typing import Callable, Iterable, Optional
+
+logger = logging.getLogger("sglang_dflash")
+
+
+class VerifyWidths:
+    """runner: SGLang's target ModelRunner (attn_backend, decode_cuda_graph_runner).
+    make_backend(W) -> an attention backend for width W; make_graphs(W, backend) -> a graph runner
+    captured at W (None: graphs off). counts: graphs captured / capture failed per width."""
+
+    def __init__(self, runner, block: int, make_backend: Callable, make_graphs: Optional[Callable]):
+        self.runner, self.block = runner, block
+        self.make_backend, self.make_graphs = make_backend, make_graphs
+        self.states = {block: (runner.attn_backend, runner.decode_cuda_graph_runner)}
+        self.counts: Counter = Counter()
+
+    def build(self, widths: Iterable[int]) -> "VerifyWidths":
+        """Start-up: a backend, and graphs when on, for each width (B is SGLang's own)."""
+        for w in sorted(set(widths)):
+            if w not in self.states:
+                self._make(w, graphs=True)
+        return self
+
+    def _make(self, width: int, graphs: bool):
+        backend = self.make_backend(width)
+        runner = None
+        if graphs and self.make_graphs is not None:
+            try:
+                runner = self.make_graphs(width, backend)
+                self.counts[f"width {width}: captured"] += 1
+            except Exception as e:  # noqa: BLE001 - this width verifies eagerly; tokens are the same
+                self.counts[f"width {width}: capture failed"] += 1
+                logger.warning(
+                    "DFLASH verify graphs for width %d failed to capture (%s: %s); it runs eagerly",
+                    width,
+                    type(e).__name__,
+                    e,
+                )
+        self.states[width] = (backend, runner)
+        return self.states[width]
+
+    @contextlib.contextmanager
+    def at(self, width: int):
+        """The target's backend and graph runner for width W during one verify forward."""
+        state = self.states.get(width) or self._make(width, graphs=False)
+        r = self.runner
+        saved = (r.attn_backend, r.decode_cuda_graph_runner)
+        r.attn_backend, r.decode_cuda_graph_runner = state
+        try:
+            yield
+        finally:
+            r.attn_backend, r.decode_cuda_graph_runner = saved
+
+
+def for_sglang(runner, block: int, widths: Iterable[int], graphs: bool = True) -> VerifyWidths:
+    """VerifyWidths over SGLang's own factories: its attention backend and decode graph runner,
+    each made while its config says speculative_num_draft_tokens = W (restored after)."""
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.runtime_context import get_context, get_spec
+
+    @contextlib.contextmanager
+    def as_width(width: int):
+        old = get_spec().speculative_num_draft_tokens
+        get_context().override("sglang_dflash.verify_width", speculative_num_draft_tokens=width)
+        try:
+            yield
+        finally:
+            get_context().override("sglang_dflash.verify_width", speculative_num_draft_tokens=old)
+
+    def make_backend(width: int):
+        with as_width(width):
+            saved = runner.init_new_workspace
+            try:
+                return runner._get_attention_backend(init_new_workspace=True)
+            finally:
+                runner.init_new_workspace = saved
+
+    def make_graphs(width: int, backend):
+        with as_width(width):
+            return DecodeCudaGraphRunner(runner, attn_backend=backend, speculative_num_draft_tokens=width)
+
+    on = graphs and runner.decode_cuda_graph_runner is not None  # SGLang captures decode graphs
+    out = VerifyWidths(runner, block, make_backend, make_graphs if on else None).build(widths)
+    logger.info("DFLASH verify widths %s: %s", sorted(out.states), dict(out.counts) or "eager (graphs off)")
+    return out
