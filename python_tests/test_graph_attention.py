@@ -106,3 +106,14 @@ def test_fixed_attention_refuses_another_batch_size_and_sizes_its_index_buffer(m
     rows, prefix, slots = batch(3, req_to_token, g)
     with pytest.raises(ValueError, match="fixed for batch size 2 planned for 3"):
         attend.plan(req_to_token, rows, prefix, slots.reshape(-1))
+
+
+def test_the_workspace_grows_for_a_large_captured_batch_and_earlier_wrappers_keep_theirs(monkeypatch):
+    monkeypatch.setattr(fa, "_WORKSPACE", {})
+    dev = torch.device("cpu")
+    small = fa._workspace(dev)
+    assert small.numel() == 128 * 1024 * 1024 and fa._workspace(dev, 1024) is small
+    need = [fa.graph_workspace_bytes(bs, 16, 32, 8, 128, 132) for bs in (1, 16, 48, 64, 256)]
+    assert need == sorted(need) and need[-1] > small.numel()  # split-kv scratch grows with the batch
+    big = fa._workspace(dev, need[-1])
+    assert big.numel() == need[-1] and big is not small and fa._workspace(dev) is big

@@ -46,8 +46,13 @@ def test_each_width_gets_its_backend_and_graphs_swapped_in_for_one_forward():
         with vw.at(w):
             assert (r.attn_backend, r.decode_cuda_graph_runner) == (f"backend {w}", graphs)
         assert (r.attn_backend, r.decode_cuda_graph_runner) == ("sglang backend (B)", "sglang graphs (B)")
+    # B is SGLang's own, read live: a recapture by SGLang (a PD role switch) is what B verifies with
+    r.attn_backend, r.decode_cuda_graph_runner = "recaptured backend", "recaptured graphs"
     with vw.at(16):
-        assert (r.attn_backend, r.decode_cuda_graph_runner) == ("sglang backend (B)", "sglang graphs (B)")
+        assert (r.attn_backend, r.decode_cuda_graph_runner) == ("recaptured backend", "recaptured graphs")
+    with vw.at(8):
+        assert r.decode_cuda_graph_runner == "graphs 8"
+    assert (r.attn_backend, r.decode_cuda_graph_runner) == ("recaptured backend", "recaptured graphs")
 
 
 def test_an_unlisted_width_gets_an_eager_backend_once_and_a_failing_forward_restores_sglangs():

@@ -22,19 +22,37 @@ _WORKSPACE: dict = {}
 _WRAPPERS: dict = {}
 
 
+def _workspace(dev: torch.device, nbytes: int = 0) -> torch.Tensor:
+    """The shared float workspace, grown to nbytes when a wrapper needs more (wrappers made before
+    keep the buffer they were given)."""
+    if dev not in _WORKSPACE or _WORKSPACE[dev].numel() < nbytes:
+        _WORKSPACE[dev] = torch.empty(max(128 * 1024 * 1024, nbytes), dtype=torch.uint8, device=dev)
+    return _WORKSPACE[dev]
+
+
+def graph_workspace_bytes(bs: int, block: int, num_heads: int, num_kv_heads: int, head_dim: int, num_sm: int) -> int:
+    """An upper bound on FlashInfer's split-kv scratch for a fixed-batch-size plan (CUDA-graph mode
+    forces split-kv and sizes it by the captured batch, not the live one): partial outputs and
+    log-sum-exps, float32, for every query tile, per query head; a quarter more as margin. bs
+    requests of `block` queries each."""
+    gqa = num_heads // num_kv_heads
+    rows = block * gqa  # packed query rows of one request and KV head
+    tile = 16 if rows <= 16 else 64 if rows <= 64 or head_dim >= 256 else 128
+    tiles = max(2 * num_sm // num_kv_heads, -(-bs * rows // tile) + bs - 1)
+    return num_heads * tiles * tile * (head_dim + 1) * 4 * 5 // 4
+
+
 def _wrapper(dev: torch.device, left: int, backend: str, fixed: Optional[dict] = None):
     """fixed: FlashInfer's CUDA-graph buffers (one batch size for the wrapper's life); such a
     wrapper belongs to one captured batch size, so it is made anew, not shared."""
     import flashinfer
 
-    if dev not in _WORKSPACE:
-        _WORKSPACE[dev] = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=dev)
     if fixed is not None:
         return flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            _WORKSPACE[dev], kv_layout="NHD", backend=backend, use_cuda_graph=True, **fixed
+            _workspace(dev), kv_layout="NHD", backend=backend, use_cuda_graph=True, **fixed
         )
     if (dev, left, backend) not in _WRAPPERS:
-        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_WORKSPACE[dev], kv_layout="NHD", backend=backend)
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_workspace(dev), kv_layout="NHD", backend=backend)
         _WRAPPERS[dev, left, backend] = wrapper
     return _WRAPPERS[dev, left, backend]
 
@@ -98,6 +116,9 @@ class FlashInferBlockAttention:
         self.q_dtype = q_dtype_for(k_cache.dtype)
         self.fixed_bs = fixed_bs
         wrappers = {}
+        if fixed_bs is not None and dev.type == "cuda":  # the captured batch's scratch, before its wrappers
+            sms = torch.cuda.get_device_properties(dev).multi_processor_count
+            _workspace(dev, graph_workspace_bytes(fixed_bs, block, num_heads, k_cache.shape[2], k_cache.shape[3], sms))
         for left in sorted(set(self.lefts)):  # one wrapper per distinct window, shared by its layers
             fixed = None
             if fixed_bs is not None:

@@ -7,7 +7,8 @@ and the function captured for it is replayed; the outputs are cut back to the ba
 buckets are SGLang's own (its decode capture list, capped by --cuda-graph-max-bs).
 
 Backends (the same padding and bookkeeping for all, so a CPU proves the code path a GPU runs):
-  - CudaGraphs: one torch.cuda.CUDAGraph per shape, all in one memory pool (SGLang's convention),
+  - CudaGraphs: one torch.cuda.CUDAGraph per shape, all in one memory pool of their own (a shape
+    not met by the start-up profile is captured when first met; one that fails runs eagerly),
     warmed up on a side stream before capture;
   - EagerGraphs: the CPU twin: "replay" runs the function on the static buffers;
   - CompiledGraphs: the CPU twin compiled per shape (torch.compile), measured against eager;

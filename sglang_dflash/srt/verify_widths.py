@@ -7,8 +7,12 @@ runs eagerly). Our steps verify W <= B rows. So each other width gets its own at
 made as SGLang makes one with speculative_num_draft_tokens = W, and, where SGLang captures decode
 graphs, its own DecodeCudaGraphRunner captured at W (one graph per batch-size bucket, in SGLang's
 graph memory pool). `at(W)` swaps them in for one verify forward and back after it, so prefills and
-every other forward see SGLang's own. A width whose graphs fail to capture verifies eagerly
-(counted); a width outside the start-up set gets its backend when first played (eager).
+every other forward see SGLang's own (width B is SGLang's own, read live: SGLang may recapture it).
+A width whose graphs fail to capture verifies eagerly (counted); a width outside the start-up set
+gets its backend when first played (eager). The extra backends share SGLang's float workspace (all
+forwards run one after another on one stream); what each adds is its graph index buffers. Under
+LoRA, PD multiplexing or two-batch overlap, whose graph state SGLang's runner keeps per process,
+the extra widths verify eagerly.
 
 On CPU there is nothing to swap: our torch_native verify reads the width from the batch.
 """
@@ -31,13 +35,13 @@ class VerifyWidths:
     def __init__(self, runner, block: int, make_backend: Callable, make_graphs: Optional[Callable]):
         self.runner, self.block = runner, block
         self.make_backend, self.make_graphs = make_backend, make_graphs
-        self.states = {block: (runner.attn_backend, runner.decode_cuda_graph_runner)}
+        self.states: dict = {}  # width -> (attention backend, graph runner or None); B: SGLang's, live
         self.counts: Counter = Counter()
 
     def build(self, widths: Iterable[int]) -> "VerifyWidths":
         """Start-up: a backend, and graphs when on, for each width (B is SGLang's own)."""
         for w in sorted(set(widths)):
-            if w not in self.states:
+            if w != self.block and w not in self.states:
                 self._make(w, graphs=True)
         return self
 
@@ -55,6 +59,7 @@ class VerifyWidths:
                     width,
                     type(e).__name__,
                     e,
+                    exc_info=True,
                 )
         self.states[width] = (backend, runner)
         return self.states[width]
@@ -62,6 +67,9 @@ class VerifyWidths:
     @contextlib.contextmanager
     def at(self, width: int):
         """The target's backend and graph runner for width W during one verify forward."""
+        if width == self.block:
+            yield
+            return
         state = self.states.get(width) or self._make(width, graphs=False)
         r = self.runner
         saved = (r.attn_backend, r.decode_cuda_graph_runner)
@@ -74,32 +82,33 @@ class VerifyWidths:
 
 def for_sglang(runner, block: int, widths: Iterable[int], graphs: bool = True) -> VerifyWidths:
     """VerifyWidths over SGLang's own factories: its attention backend and decode graph runner,
-    each made while its config says speculative_num_draft_tokens = W (restored after)."""
+    each made while its spec config says speculative_num_draft_tokens = W (scoped, restored after)."""
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
-    from sglang.srt.runtime_context import get_context, get_spec
-
-    @contextlib.contextmanager
-    def as_width(width: int):
-        old = get_spec().speculative_num_draft_tokens
-        get_context().override("sglang_dflash.verify_width", speculative_num_draft_tokens=width)
-        try:
-            yield
-        finally:
-            get_context().override("sglang_dflash.verify_width", speculative_num_draft_tokens=old)
+    from sglang.srt.runtime_context import get_disagg, get_exec, get_spec
 
     def make_backend(width: int):
-        with as_width(width):
-            saved = runner.init_new_workspace
-            try:
-                return runner._get_attention_backend(init_new_workspace=True)
-            finally:
-                runner.init_new_workspace = saved
+        saved = runner.init_new_workspace
+        try:
+            with get_spec().override(speculative_num_draft_tokens=width):
+                return runner._get_attention_backend(init_new_workspace=False)
+        finally:
+            runner.init_new_workspace = saved
 
     def make_graphs(width: int, backend):
-        with as_width(width):
+        with get_spec().override(speculative_num_draft_tokens=width):
             return DecodeCudaGraphRunner(runner, attn_backend=backend, speculative_num_draft_tokens=width)
 
-    on = graphs and runner.decode_cuda_graph_runner is not None  # SGLang captures decode graphs
+    shared = [
+        name
+        for name, on in (
+            ("LoRA", runner.lora_manager is not None),
+            ("PD multiplexing", get_disagg().enable_pdmux),
+            ("two-batch overlap", get_exec().overlap.enable_two_batch_overlap),
+        )
+        if on
+    ]
+    on = graphs and runner.decode_cuda_graph_runner is not None and not shared  # SGLang captures decode graphs
     out = VerifyWidths(runner, block, make_backend, make_graphs if on else None).build(widths)
-    logger.info("DFLASH verify widths %s: %s", sorted(out.states), dict(out.counts) or "eager (graphs off)")
+    why = f"eager ({', '.join(shared)})" if shared else "eager (graphs off)"
+    logger.info("DFLASH verify widths %s beside %d: %s", sorted(out.states), block, dict(out.counts) or why)
     return out
