@@ -49,7 +49,7 @@ if os.environ.get("SGLANG_DFLASH_BUILD_EXT", "1") != "0":
 
     flags = compile_args()
     # included headers; listed so sdists ship them
-    depends = ["csrc/dflash_checks.h", "csrc/chain_attention_body.h", "csrc/cpu_features.h"]
+    depends = ["csrc/dflash_checks.h", "csrc/chain_attention_body.h", "csrc/cpu_features.h", "csrc/cpu_ops.h"]
     want_cuda = os.environ.get("FORCE_CUDA") == "1" or bool(os.environ.get("CUDA_HOME"))
     if want_cuda:
         os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list()
@@ -62,6 +62,7 @@ if os.environ.get("SGLANG_DFLASH_BUILD_EXT", "1") != "0":
                 "csrc/rope_cpu.cpp",
                 "csrc/chain_attention_cpu.cpp",
                 "csrc/rms_norm_cpu.cpp",
+                "csrc/llama_layer_cpu.cpp",
                 "csrc/dflash_ops_cuda.cu",
             ],
             depends=depends,
@@ -76,6 +77,7 @@ if os.environ.get("SGLANG_DFLASH_BUILD_EXT", "1") != "0":
                 "csrc/rope_cpu.cpp",
                 "csrc/chain_attention_cpu.cpp",
                 "csrc/rms_norm_cpu.cpp",
+                "csrc/llama_layer_cpu.cpp",
             ],
             depends=depends,
             extra_compile_args={"cxx": flags["cxx"]},

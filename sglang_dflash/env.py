@@ -157,9 +157,10 @@ CPU_STACK = EnvVar(
     str,
     "auto",
     "DFLASH servers' bf16 CPU Llama target: decode and verify steps (up to 32 rows) run the layer stack as one "
-    "loop of our fused ops instead of SGLang's per-layer boundary machinery (srt/llama_stack.py, bit-identical): "
-    "`auto` (on), `0` (SGLang's forward)",
-    choices=("auto", "0"),
+    "loop of our fused ops instead of SGLang's per-layer boundary machinery (srt/llama_stack.py, bit-identical), "
+    "each layer of a verify step of up to 4 rows a request one C++ call (csrc/llama_layer_cpu.cpp): `auto` (on), "
+    "`loop` (the loop only, no one-call layers), `0` (SGLang's forward)",
+    choices=("auto", "loop", "0"),
 )
 CPU_ATTENTION = EnvVar(
     "SGLANG_DFLASH_CPU_ATTENTION",

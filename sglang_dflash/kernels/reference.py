@@ -160,3 +160,25 @@ def rms_norm_ref(x, residual, weight, eps: float):
         res = x.to(dtype)
     x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
     return (x * weight).to(dtype), res
+
+
+def llama_layer_ref(h, residual, positions, ln1, qkv_w, qkv_b, o_w, ln2, gate_up_w, down_w, cos_sin_cache,
+                    k_cache, v_cache, out_loc, slots, prefix, num_heads: int, num_kv_heads: int, head_size: int,
+                    eps: float, scale: float, neox: bool):  # fmt: skip
+    """One Llama decoder layer from the other ops' references, in the order SGLang's layer runs them:
+    h, residual [T, hidden] (residual None at layer 0: the embeddings are the residual stream);
+    k_cache, v_cache [S, Hkv, D] written at out_loc [T] -> (h_out, residual after the input norm's
+    add, residual after the post-attention norm's add), each [T, hidden]."""
+    x, res_mid = rms_norm_ref(h, residual, ln1, eps)
+    if residual is None:
+        res_mid = h
+    q_size, kv_size = num_heads * head_size, num_kv_heads * head_size
+    q, k, v = bf16_linear_ref(x, qkv_w, qkv_b).split([q_size, kv_size, kv_size], dim=-1)
+    q, k = rope_qk_ref(positions, q, k, cos_sin_cache, head_size, neox)
+    k_cache[out_loc.long()] = k.reshape(-1, num_kv_heads, head_size)
+    v_cache[out_loc.long()] = v.reshape(-1, num_kv_heads, head_size)
+    attn = chain_attention_ref(q.reshape(-1, num_heads, head_size), k_cache, v_cache, slots, prefix, scale, True)
+    x2, res_out = rms_norm_ref(bf16_linear_ref(attn.reshape(h.shape[0], q_size), o_w, None), res_mid, ln2, eps)
+    gu = bf16_linear_ref(x2, gate_up_w, None)
+    d = gu.shape[-1] // 2
+    return bf16_linear_ref(torch.nn.functional.silu(gu[..., :d]) * gu[..., d:], down_w, None), res_mid, res_out

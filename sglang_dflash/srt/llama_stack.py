@@ -9,13 +9,17 @@ dispatch and our hooks, around four GEMMs, two norms, one rotary embedding and o
 linear layers, where every norm, rotary embedding and GEMM of the step would take our fused op
 anyway (srt/cpu_linear.py's own tests, asked once a step), this forward calls those ops directly, in
 SGLang's order, on the same tensors; the activation and attention still go through SGLang's modules.
-Nothing is computed differently, so the output is bit-identical to SGLang's forward
-(python_tests/test_llama_stack.py: tokens and every logprob, stack on vs off).
+Where a verify step's attention takes our fused chain kernel (up to 4 rows a request) through
+SGLang's torch_native backend, each layer is instead one call of csrc/llama_layer_cpu.cpp, which
+runs the same ops (SGLang's KV write and the backend's attention included) from C++: the ~10
+Python op calls a layer cost more than their kernels. Nothing is computed differently, so the
+output is bit-identical to SGLang's forward (python_tests/test_llama_stack.py: tokens and every
+logprob, stack on vs off).
 
 Prefill (extend) batches, verify batches past the fused rotary embedding's bound, and anything this
 does not recognise (another model class, quantized or LoRA layers, tensor/pipeline parallelism,
 float32, a GPU) keep SGLang's forward. SGLANG_DFLASH_CPU_STACK: auto (on for a DFLASH server's CPU
-target), 0 (off).
+target), loop (no one-call layers), 0 (off).
 """
 
 from __future__ import annotations
@@ -29,15 +33,16 @@ from sglang_dflash.srt import cpu_linear
 
 logger = logging.getLogger("sglang_dflash")
 
-_state = {"on": False}
+_state = {"on": False, "layer_op": False}
 # Target forwards of this process by path (the worker's /server_info stats): "fused" (this loop),
-# "sglang" (its own forward).
-counts = {"fused": 0, "sglang": 0}
+# "sglang" (its own forward); "layer_op": of the fused, those whose layers ran as one call each.
+counts = {"fused": 0, "sglang": 0, "layer_op": 0}
 
 
 def enable(device_type: str) -> bool:
     """Called by the DFLASH worker at start-up: a CPU target, not turned off."""
     _state["on"] = device_type == "cpu" and env.CPU_STACK.get() != "0"
+    _state["layer_op"] = env.CPU_STACK.get() == "auto"
     return _state["on"]
 
 
@@ -147,6 +152,84 @@ def _layer(layer, positions, h, residual, forward_batch, aux):
     return _gemm(mlp.down_proj, mlp.act_fn(_gemm(mlp.gate_up_proj, x))), residual
 
 
+def _layer_op_model(model) -> bool:
+    """Whether every layer is one the one-call layer op reproduces: plain SiLU-and-mul (torch's silu
+    and mul: SGLang's path on a CPU without AMX), bias-free output and MLP GEMMs, one eps for both
+    norms, no KV scales (cached on the model)."""
+    ok = getattr(model, "_dflash_layer_op", None)
+    if ok is not None:
+        return ok
+    from sglang.srt.layers import activation
+
+    ok = not activation._is_cpu_amx_available and all(
+        type(layer.mlp.act_fn) is activation.SiluAndMul
+        and layer.self_attn.o_proj.bias is None
+        and layer.mlp.gate_up_proj.bias is None
+        and layer.mlp.down_proj.bias is None
+        and layer.input_layernorm.variance_epsilon == layer.post_attention_layernorm.variance_epsilon
+        and getattr(layer.self_attn.attn, "k_scale", None) is None
+        and getattr(layer.self_attn.attn, "v_scale", None) is None
+        for layer in model.layers
+    )
+    model._dflash_layer_op = ok
+    return ok
+
+
+def _layer_op_step(model, forward_batch, h):
+    """(KV pool, slots, prefix) where this step's layers can each run as one call
+    (csrc/llama_layer_cpu.cpp), else None: a verify batch through SGLang's torch_native backend (our
+    verify attention), rows a request few enough for the fused chain attention, a bf16 MHA pool."""
+    from sglang.srt.model_executor.forward_context import get_attn_backend
+
+    from sglang_dflash.pipeline.attention import fused
+    from sglang_dflash.srt.verify_backend import verify_slots
+
+    if not _state["layer_op"] or not forward_batch.forward_mode.is_target_verify():
+        return None
+    if not _layer_op_model(model):
+        return None
+    backend = get_attn_backend()
+    pool = backend.token_to_kv_pool  # where torch_native_verify writes and reads
+    if type(backend).__name__ != "TorchNativeAttnBackend" or type(pool).__name__ != "MHATokenToKVPool":
+        return None
+    attn = model.layers[0].self_attn
+    rows = h.shape[0] // forward_batch.batch_size
+    k0, v0 = pool.get_key_buffer(attn.attn.layer_id), pool.get_value_buffer(attn.attn.layer_id)
+    if k0.dtype != torch.bfloat16 or not fused(h.new_empty(0, attn.num_heads, attn.head_dim), k0, v0, rows):
+        return None
+    return (pool, *verify_slots(backend, forward_batch, rows))
+
+
+def _layer_op(layer, positions, h, residual, forward_batch, pool, slots, prefix):
+    """One decoder layer in one call: (h, residual at the layer input (aux capture), residual out)."""
+    attn, mlp, rot = layer.self_attn, layer.mlp, layer.self_attn.rotary_emb
+    lid = attn.attn.layer_id
+    return torch.ops.sglang_dflash.llama_layer(
+        h,
+        residual,
+        positions,
+        layer.input_layernorm.weight,
+        attn.qkv_proj.weight,
+        attn.qkv_proj.bias,
+        attn.o_proj.weight,
+        layer.post_attention_layernorm.weight,
+        mlp.gate_up_proj.weight,
+        mlp.down_proj.weight,
+        rot.cos_sin_cache,
+        pool.get_key_buffer(lid),
+        pool.get_value_buffer(lid),
+        forward_batch.out_cache_loc,
+        slots,
+        prefix,
+        attn.num_heads,
+        attn.num_kv_heads,
+        attn.head_dim,
+        layer.input_layernorm.variance_epsilon,
+        attn.attn.scaling,
+        rot.is_neox_style,
+    )
+
+
 def forward(original, self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None):
     """AROUND LlamaModel.forward: the stack in one loop for eligible decode / verify batches."""
     if not _eligible(self, input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors):
@@ -157,7 +240,15 @@ def forward(original, self, input_ids, positions, forward_batch, input_embeds=No
     aux = []
     h = self.embed_tokens(input_ids)
     residual = None
-    for i, layer in enumerate(self.layers):
-        h, residual = _layer(layer, positions, h, residual, forward_batch, aux if i in capture else None)
+    one_call = _layer_op_step(self, forward_batch, h)
+    if one_call is not None:
+        counts["layer_op"] += 1
+        for i, layer in enumerate(self.layers):
+            h, at_input, residual = _layer_op(layer, positions, h, residual, forward_batch, *one_call)
+            if i in capture:
+                aux.append(at_input)
+    else:
+        for i, layer in enumerate(self.layers):
+            h, residual = _layer(layer, positions, h, residual, forward_batch, aux if i in capture else None)
     h, _ = self.norm(h, residual)
     return (h, aux) if aux else h

@@ -87,14 +87,14 @@ def torch_native_verify(backend, q, k, v, layer, forward_batch, save_kv_cache=Tr
     v_cache = backend.token_to_kv_pool.get_value_buffer(layer.layer_id)
     block = q.shape[0] // forward_batch.batch_size
     if fused(q_, k_cache, v_cache, block):
-        slots, prefix = _verify_slots(backend, forward_batch, block)
+        slots, prefix = verify_slots(backend, forward_batch, block)
         out = torch.ops.sglang_dflash.chain_attention(q_, k_cache, v_cache, slots, prefix, layer.scaling, True)
     else:
         out = attend_plan(_verify_plan(backend, forward_batch, block), q_, k_cache, v_cache, layer.scaling)
     return out.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
 
-def _verify_slots(backend, forward_batch, block: int):
+def verify_slots(backend, forward_batch, block: int):
     """(slots [bs, bound + B] int64, prefix [bs] int64): the rows every layer of this verify forward
     reads, the same for all of them, so built at the first layer and kept on the forward batch (a
     new one every step). chain_attention reads them as they are; the gather + SDPA path plans on them."""
@@ -115,10 +115,10 @@ def _verify_slots(backend, forward_batch, block: int):
 
 
 def _verify_plan(backend, forward_batch, block: int) -> RowPlan:
-    """The gather + SDPA plan over _verify_slots' rows, once per forward."""
+    """The gather + SDPA plan over verify_slots' rows, once per forward."""
     cached = getattr(forward_batch, "_dflash_verify_plan", None)
     if cached is not None and cached[0] == block:
         return cached[1]
-    plan = verify_plan(*_verify_slots(backend, forward_batch, block), block)
+    plan = verify_plan(*verify_slots(backend, forward_batch, block), block)
     forward_batch._dflash_verify_plan = (block, plan)
     return plan

@@ -1,0 +1,110 @@
+"""csrc/llama_layer_cpu.cpp: one Llama decoder layer in one call equals the same ops called one by
+one in the order srt/llama_stack.py called them (norm, QKV GEMM, rotary, KV write, chain attention,
+output GEMM, norm, gate/up GEMM, torch's silu and mul, down GEMM) bit for bit, outputs and the KV
+pool alike, at layer 0 (no residual) and after it, one request and several, 1 to 4 rows each; the
+torch reference (kernels/reference.py) within bf16 rounding; opcheck; bad input."""
+
+import pytest
+import torch
+
+from sglang_dflash import kernels
+from sglang_dflash.kernels.reference import llama_layer_ref, rope_cos_sin_cache
+
+OPS = kernels.ops()
+HID, H, HKV, D, INTER, S = 128, 4, 2, 32, 256, 512
+
+
+def layer(seed=0, bias=False):
+    g = torch.Generator().manual_seed(seed)
+    w = lambda *s: (torch.randn(*s, generator=g) / s[-1] ** 0.5).bfloat16()  # noqa: E731
+    return dict(
+        ln1=(1 + 0.3 * torch.randn(HID, generator=g)).bfloat16(),
+        qkv_w=w((H + 2 * HKV) * D, HID),
+        qkv_b=w((H + 2 * HKV) * D) if bias else None,
+        o_w=w(HID, H * D),
+        ln2=(1 + 0.3 * torch.randn(HID, generator=g)).bfloat16(),
+        gate_up_w=w(2 * INTER, HID),
+        down_w=w(HID, INTER),
+    )
+
+
+def batch(bs, rows, seed=1, first=False):
+    """bs requests of `rows` chain rows each after random committed prefixes."""
+    g = torch.Generator().manual_seed(seed)
+    T = bs * rows
+    prefix = torch.randint(3, 40, (bs,), generator=g)
+    width = int(prefix.max()) + rows
+    slots = (1 + torch.randperm(S - 1, generator=g)[: bs * width]).view(bs, width)  # slot 0: padding
+    positions = torch.cat([torch.arange(p, p + rows) for p in prefix.tolist()])
+    out_loc = torch.cat([slots[i, p : p + rows] for i, p in enumerate(prefix.tolist())])
+    h = (2 * torch.randn(T, HID, generator=g)).bfloat16()
+    residual = None if first else (2 * torch.randn(T, HID, generator=g)).bfloat16()
+    kc = torch.randn(S, HKV, D, generator=g).bfloat16()
+    vc = torch.randn(S, HKV, D, generator=g).bfloat16()
+    return h, residual, positions, kc, vc, out_loc, slots, prefix
+
+
+CS = rope_cos_sin_cache(256, D, 10000.0)
+
+
+def op_by_op(h, residual, positions, w, kc, vc, out_loc, slots, prefix, eps, scale):
+    """The sequence srt/llama_stack.py ran before the layer op, one torch op call at a time."""
+    if residual is None:
+        x, res_mid = OPS.rms_norm(h, None, w["ln1"], eps)[0], h
+    else:
+        x, res_mid = OPS.rms_norm(h, residual, w["ln1"], eps)
+    q, k, v = OPS.bf16_linear(x, w["qkv_w"], w["qkv_b"]).split([H * D, HKV * D, HKV * D], dim=-1)
+    q, k = OPS.rope_qk(positions, q, k, CS, D, True)
+    k, v = k.view(-1, HKV, D), v.view(-1, HKV, D)  # RadixAttention.forward's views
+    kc[out_loc] = k  # SGLang's set_kv_buffer
+    vc[out_loc] = v
+    attn = OPS.chain_attention(q.view(-1, H, D), kc, vc, slots, prefix, scale, True).reshape(h.shape[0], H * D)
+    x, res_out = OPS.rms_norm(OPS.bf16_linear(attn, w["o_w"], None), res_mid, w["ln2"], eps)
+    gu = OPS.bf16_linear(x, w["gate_up_w"], None)
+    d = gu.shape[-1] // 2
+    act = torch.nn.functional.silu(gu[..., :d]) * gu[..., d:]  # SiluAndMul.forward_native
+    return OPS.bf16_linear(act, w["down_w"], None), res_mid, res_out
+
+
+def call(fn, h, residual, positions, w, kc, vc, out_loc, slots, prefix, eps=1e-5, scale=D**-0.5):
+    args = (h, residual, positions, w["ln1"], w["qkv_w"], w["qkv_b"], w["o_w"], w["ln2"], w["gate_up_w"])
+    return fn(*args, w["down_w"], CS, kc, vc, out_loc, slots, prefix, H, HKV, D, eps, scale, True)
+
+
+@pytest.mark.parametrize("bs,rows", [(1, 1), (1, 4), (3, 2), (4, 4)])
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("bias", [False, True])
+def test_one_call_equals_the_ops_one_by_one(bs, rows, first, bias):
+    w = layer(bias=bias)
+    h, residual, positions, kc, vc, out_loc, slots, prefix = batch(bs, rows, seed=bs * 10 + rows, first=first)
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = call(OPS.llama_layer, h, residual, positions, w, kc, vc, out_loc, slots, prefix)
+    want = op_by_op(h, residual, positions, w, kc2, vc2, out_loc, slots, prefix, 1e-5, D**-0.5)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)  # the same K/V written at the same slots
+    if first:
+        assert torch.equal(got[1], h)  # layer 0: the embeddings are the residual stream
+
+
+def test_reference_within_bf16_rounding_and_opcheck():
+    w = layer()
+    h, residual, positions, kc, vc, out_loc, slots, prefix = batch(2, 3)
+    kr, vr = kc.clone(), vc.clone()
+    got = call(OPS.llama_layer, h, residual, positions, w, kc, vc, out_loc, slots, prefix)
+    ref = call(llama_layer_ref, h, residual, positions, w, kr, vr, out_loc, slots, prefix)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a.float(), b.float(), rtol=0.05, atol=0.05)
+    torch.testing.assert_close(kc.float(), kr.float(), rtol=0.02, atol=0.02)
+    args = (h, residual, positions, w["ln1"], w["qkv_w"], w["qkv_b"], w["o_w"], w["ln2"], w["gate_up_w"])
+    args += (w["down_w"], CS, kc, vc, out_loc, slots, prefix, H, HKV, D, 1e-5, D**-0.5, True)
+    torch.library.opcheck(OPS.llama_layer, args)
+
+
+def test_bad_input_names_the_argument():
+    w = layer()
+    h, residual, positions, kc, vc, out_loc, slots, prefix = batch(1, 2)
+    with pytest.raises(RuntimeError, match="llama_layer: k_cache, v_cache must be"):
+        call(OPS.llama_layer, h, residual, positions, w, kc.float(), vc.float(), out_loc, slots, prefix)
+    with pytest.raises(RuntimeError, match="llama_layer: h must be"):
+        call(OPS.llama_layer, h.float(), residual, positions, w, kc, vc, out_loc, slots, prefix)
