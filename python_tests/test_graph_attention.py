@@ -15,16 +15,6 @@ from sglang_dflash.testing.fake_graphs import FakeGraphs
 from sglang_dflash.testing.tiny_config import tiny_cfg_dict
 
 B, SLOTS, WIDTH = 4, 256, 40  # block, KV slots, request-pool row width
-INSIDE = [False]  # inside a captured region now
-
-
-class Recording(FakeGraphs):
-    def capture(self, fn):
-        INSIDE[0] = True
-        try:
-            return super().capture(fn)
-        finally:
-            INSIDE[0] = False
 
 
 class Wrapper(FakePrefillWrapper):
@@ -35,7 +25,7 @@ class Wrapper(FakePrefillWrapper):
         Wrapper.made.append(None if fixed is None else len(fixed["qo_indptr_buf"]) - 1)
 
     def plan(self, *args, **kw):
-        assert not INSIDE[0], "FlashInfer's plan ran inside a captured step"
+        assert not FakeGraphs.capturing, "FlashInfer's plan ran inside a captured step"
         super().plan(*args, **kw)
 
 
@@ -75,7 +65,7 @@ def test_block_attention_planned_outside_the_graph_equals_unfixed_attention(monk
         outs = [attend(layer, q.reshape(n, heads, d), kb.reshape(n, -1, d), kb.reshape(n, -1, d)) for layer in range(2)]
         return (torch.stack(outs, 1).view(q.shape[0], B, len(outs), heads, d),)  # [bs, B, L, H, D]
 
-    graphs = StepGraphs([2, 4], Recording())
+    graphs = StepGraphs([2, 4], FakeGraphs())
     pads = dict(pool_rows=0, prefix=0, slots=0, q=0.0, kb=0.0)
     for rep in range(2):
         for bs in sizes:

@@ -123,20 +123,8 @@ class Plan:
             state = {"fixed": fixed, "bs": ids.shape[0]}
             self.made.append(state)
         state["ids"] = ids.clone()  # what the step will attend over: planned from these inputs
-        self.calls.append((fixed, ids.shape[0], CAPTURING[0]))
+        self.calls.append((fixed, ids.shape[0], FakeGraphs.capturing))
         return state
-
-
-CAPTURING = [False]
-
-
-class RecordingGraphs(FakeGraphs):
-    def capture(self, fn):
-        CAPTURING[0] = True
-        try:
-            return super().capture(fn)
-        finally:
-            CAPTURING[0] = False
 
 
 def planned_step(state, ids, x, opt):
@@ -145,7 +133,7 @@ def planned_step(state, ids, x, opt):
 
 
 def test_prepare_runs_outside_the_capture_before_every_replay_with_one_state_per_bucket():
-    plan, fake = Plan(), RecordingGraphs()
+    plan, fake = Plan(), FakeGraphs()
     graphs = StepGraphs([2, 4], fake)
     for bs, width in ((3, 4), (4, 4), (3, 8), (1, 4)):
         inp = inputs(bs, seed=bs + width)

@@ -12,11 +12,17 @@ class FakeGraphs:
         self.captured = 0
         self.replayed = 0
 
+    capturing = False  # True while any FakeGraphs captures: what runs then runs inside a graph
+
     def capture(self, fn):
         if self.fail_capture:
             raise RuntimeError("fake capture refused")
-        self.captured += 1
-        return fn
+        FakeGraphs.capturing = True
+        try:
+            self.captured += 1
+            return fn
+        finally:
+            FakeGraphs.capturing = False
 
     def replay(self, handle):
         self.replayed += 1
