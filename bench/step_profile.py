@@ -27,17 +27,25 @@ import requests
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from provenance import append_rows, base_fields, stamp  # noqa: E402
 
-# (stage, substrings of a frame): the first match from the leaf upward wins
+# (stage, substrings of a frame): the first match from the leaf upward wins. The C++ names (our ops'
+# entry points, oneDNN's and ATen's kernels) only appear under --native, inside one-call layers.
 STAGES = [
     (
         "norm/rope/act",
-        ("layernorm", "rotary_embedding", "activation.py", "rms_norm", "rope_forward", "_norm (", "_rope ("),
+        ("layernorm", "rotary_embedding", "activation.py", "rms_norm", "rope_forward", "_norm (", "_rope (")
+        + ("rope_qk_cpu", "silu", "at::native::mul"),
     ),
-    ("gemm", ("_gemm (", "linear.py", "F.linear", "(linear)", "matmul", "apply_weights", "logits_processor.py")),
+    (
+        "gemm",
+        ("_gemm (", "linear.py", "F.linear", "(linear)", "matmul", "apply_weights", "logits_processor.py")
+        + ("bf16_linear", "dnnl", "mkldnn", "brgemm"),
+    ),
     (
         "attention",
-        ("torch_native_backend", "radix_attention", "scaled_dot_product", "pipeline/attention", "torch_native_verify"),
+        ("torch_native_backend", "radix_attention", "scaled_dot_product", "pipeline/attention", "torch_native_verify")
+        + ("chain_attention",),
     ),
+    ("kv write", ("index_put",)),
     ("sgl_kernel stand-ins", ("sgl_kernel_cpu.py",)),
     ("draft (ours)", ("pipeline/draft.py", "model/drafter.py", "context_kv.py", "srt/draft_head.py")),
     ("sample/accept (ours)", ("target_sampling.py", "accept.py", "penalties.py", "grammar_mask.py")),
@@ -70,7 +78,7 @@ def steps(url: str) -> int:
     return sum(sum(s["dflash"].get("width_steps", {}).values()) for s in st)
 
 
-def profile(srv, concurrency: int, seconds: float) -> dict:
+def profile(srv, concurrency: int, seconds: float, native: bool = False) -> dict:
     stop = threading.Event()
 
     def client(i):
@@ -90,10 +98,11 @@ def profile(srv, concurrency: int, seconds: float) -> dict:
     s0 = steps(srv.url)
     spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
     subprocess.run([spy, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "200", "-f", "raw", "-o", raw,
-                    "--full-filenames", "--idle", "--nonblocking"], check=True, capture_output=True)  # fmt: skip
+                    "--full-filenames", "--idle", "--nonblocking", *(["--native"] if native else [])],
+                   check=True, capture_output=True)  # fmt: skip
     n_steps = steps(srv.url) - s0
     stop.set()
-    counts = collections.Counter()
+    counts, leaves = collections.Counter(), collections.Counter()
     with open(raw) as f:
         for line in f:
             stack, _, n = line.rstrip().rpartition(" ")
@@ -102,6 +111,7 @@ def profile(srv, concurrency: int, seconds: float) -> dict:
             # <module>; forked from `python -m sglang.launch_server` (srt/fork_start.py), at runpy's two frames.
             if any(f.startswith("<module>") for f in frames[:3]):
                 counts[stage_of(frames)] += int(n)
+                leaves[frames[-1].split(" (")[0][:80]] += int(n)
     os.remove(raw)
     total = sum(counts.values())
     return {
@@ -109,6 +119,7 @@ def profile(srv, concurrency: int, seconds: float) -> dict:
         "seconds": seconds,
         "ms_per_step": 1000 * seconds / max(1, n_steps),
         "stages_ms_per_step": {k: 1000 * seconds * v / total / max(1, n_steps) for k, v in counts.most_common()},
+        "top_leaves_ms_per_step": {k: 1000 * seconds * v / total / max(1, n_steps) for k, v in leaves.most_common(20)},
     }
 
 
@@ -134,6 +145,7 @@ def main():
         default=["default"],
         help="NAME or NAME:VAR=V,VAR=V: servers with these environment variables, side by side (before/after)",
     )
+    ap.add_argument("--native", action="store_true", help="C++ frames too (py-spy --native): inside our ops")
     a = ap.parse_args()
     prov = stamp()
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "step_profile.jsonl")
@@ -147,8 +159,15 @@ def main():
                 name = f"profile-{dtype}-w{w}-{arm}"
                 with launch(model, drafter, dtype, env=env, name=name, check_drafts=False) as srv:
                     for c in a.concurrency:
-                        row = {"width": w, "concurrency": c, "dtype": dtype, "arm": arm, "env": extra}
-                        row.update(profile(srv, c, a.seconds))
+                        row = {
+                            "width": w,
+                            "concurrency": c,
+                            "dtype": dtype,
+                            "arm": arm,
+                            "env": extra,
+                            "native": a.native,
+                        }
+                        row.update(profile(srv, c, a.seconds, a.native))
                         rows.append({**row, **base_fields(prov)})
                         print(json.dumps(row), flush=True)
     print("run", append_rows(out, rows, prov), "->", os.path.relpath(out))
