@@ -138,7 +138,7 @@ TORCH_LIBRARY(sglang_dflash, m) {
   m.def("llama_layer(Tensor h, Tensor? residual, Tensor positions, Tensor ln1, Tensor qkv_w, Tensor? qkv_b, "
         "Tensor o_w, Tensor ln2, Tensor gate_up_w, Tensor down_w, Tensor cos_sin_cache, Tensor(a!) k_cache, "
         "Tensor(b!) v_cache, Tensor out_loc, Tensor slots, Tensor prefix, int num_heads, int num_kv_heads, "
-        "int head_size, float eps, float scale, bool neox) -> (Tensor, Tensor, Tensor)");  // CPU only: llama_layer_cpu.cpp
+        "int head_size, float eps, float scale, bool neox, int gemm_rows) -> (Tensor, Tensor, Tensor)");  // CPU only: llama_layer_cpu.cpp
 }
 
 TORCH_LIBRARY_IMPL(sglang_dflash, CPU, m) {

@@ -16,7 +16,8 @@
 // h [T, hidden] bf16 (the previous layer's output; the embeddings at layer 0, residual None);
 // residual [T, hidden] or None; positions [T]; weights as SGLang holds them ([out, in]; ln [hidden]);
 // k_cache, v_cache [S, Hkv, D] this layer's KV pool (written at out_loc [T]); slots [bs, W'] slot ids
-// by position and prefix [bs] for the chain attention (T = bs * rows) ->
+// by position and prefix [bs] for the chain attention (T = bs * rows); GEMMs of up to gemm_rows rows
+// run bf16_linear, more torch's linear (oneDNN), as srt/cpu_linear.py routes the layers' GEMMs ->
 // (h_out [T, hidden], the residual after the input norm's add (the layer input the model's aux
 //  capture takes), the residual after the post-attention norm's add (the next layer's residual)).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> llama_layer_cpu(
@@ -25,7 +26,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> llama_layer_cpu(
     const at::Tensor& ln2, const at::Tensor& gate_up_w, const at::Tensor& down_w, const at::Tensor& cos_sin_cache,
     at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& out_loc, const at::Tensor& slots,
     const at::Tensor& prefix, int64_t num_heads, int64_t num_kv_heads, int64_t head_size, double eps, double scale,
-    bool neox) {
+    bool neox, int64_t gemm_rows) {
   TORCH_CHECK(h.dim() == 2 && h.scalar_type() == at::kBFloat16, "llama_layer: h must be [T, hidden] bfloat16, got ",
               h.sizes(), " ", h.scalar_type());
   TORCH_CHECK(k_cache.dim() == 3 && k_cache.size(1) == num_kv_heads && k_cache.size(2) == head_size &&
@@ -37,10 +38,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> llama_layer_cpu(
   TORCH_CHECK(qkv_w.size(0) == q_size + 2 * kv_size && out_loc.numel() == T,
               "llama_layer: qkv weight rows ", qkv_w.size(0), " != ", q_size + 2 * kv_size, " or out_loc ",
               out_loc.numel(), " != ", T, " tokens");
+  const auto gemm = [&](const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
+    return T <= gemm_rows ? sglang_dflash::bf16_linear_cpu(x, w, b) : at::linear(x, w, b);
+  };
   at::Tensor x, res_mid;
   std::tie(x, res_mid) = rms_norm_cpu(h, residual, ln1, eps);
   if (!residual.has_value()) res_mid = h;  // layer 0: the embeddings are the residual stream
-  const at::Tensor qkv = sglang_dflash::bf16_linear_cpu(x, qkv_w, qkv_b);
+  const at::Tensor qkv = gemm(x, qkv_w, qkv_b);
   const at::Tensor q0 = qkv.narrow(-1, 0, q_size), k0 = qkv.narrow(-1, q_size, kv_size);
   const at::Tensor v = qkv.narrow(-1, q_size + kv_size, kv_size);
   at::Tensor q, k;
@@ -50,13 +54,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> llama_layer_cpu(
   v_cache.index_put_({loc}, v.view({-1, num_kv_heads, head_size}));
   const at::Tensor attn =
       chain_attention_cpu(q.view({-1, num_heads, head_size}), k_cache, v_cache, slots, prefix, scale, true);
-  const at::Tensor o = sglang_dflash::bf16_linear_cpu(attn.reshape({T, q_size}), o_w, std::nullopt);
+  const at::Tensor o = gemm(attn.reshape({T, q_size}), o_w, std::nullopt);
   at::Tensor x2, res_out;
   std::tie(x2, res_out) = rms_norm_cpu(o, res_mid, ln2, eps);
-  const at::Tensor gu = sglang_dflash::bf16_linear_cpu(x2, gate_up_w, std::nullopt);
+  const at::Tensor gu = gemm(x2, gate_up_w, std::nullopt);
   const int64_t d = gu.size(-1) / 2;
   const at::Tensor act = at::silu(gu.narrow(-1, 0, d)) * gu.narrow(-1, d, d);
-  return {sglang_dflash::bf16_linear_cpu(act, down_w, std::nullopt), res_mid, res_out};
+  return {gemm(act, down_w, std::nullopt), res_mid, res_out};
 }
 
 TORCH_LIBRARY_IMPL(sglang_dflash, CPU, m) { m.impl("llama_layer", &llama_layer_cpu); }

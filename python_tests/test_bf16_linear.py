@@ -90,8 +90,17 @@ def test_hooks_route_only_when_enabled(monkeypatch):
         monkeypatch.setenv("SGLANG_DFLASH_CPU_LINEAR", "auto")
         monkeypatch.setattr(cpu_linear, "native_bf16", lambda: True)
         monkeypatch.setattr(cpu_linear, "dot_bf16", lambda: True)  # AVX512-BF16: ours up to 64 rows
+        monkeypatch.setattr(cpu_linear, "amx_bf16", lambda: False)
         assert cpu_linear.enable("cpu", torch.bfloat16)
         assert cpu_linear._state["max_rows"] == cpu_linear.DOT_BF16_MAX_ROWS
+        monkeypatch.setattr(cpu_linear, "amx_bf16", lambda: True)  # and AMX tiles: oneDNN's sooner
+        assert cpu_linear.enable("cpu", torch.bfloat16)
+        assert cpu_linear._state["max_rows"] == cpu_linear.gemm_rows() == cpu_linear.AMX_MAX_ROWS
+        a = cpu_linear.AMX_MAX_ROWS
+        wide = case(a + 1, 64, 8, True)[0]
+        assert cpu_linear.plain_layer(layer, wide, b) and not cpu_linear.layer_fast(layer, wide, b)
+        assert torch.equal(cpu_linear.linear(wide, w, b), torch.nn.functional.linear(wide, w, b))
+        assert torch.equal(cpu_linear.linear(x[:a], w, b), torch.ops.sglang_dflash.bf16_linear(x[:a], w, b))
         monkeypatch.setattr(cpu_linear, "dot_bf16", lambda: False)
         assert cpu_linear.enable("cpu", torch.bfloat16)
         n = cpu_linear.NATIVE_BF16_MAX_ROWS

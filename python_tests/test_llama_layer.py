@@ -1,7 +1,8 @@
 """csrc/llama_layer_cpu.cpp: one Llama decoder layer in one call equals the same ops called one by
 one in the order srt/llama_stack.py called them (norm, QKV GEMM, rotary, KV write, chain attention,
 output GEMM, norm, gate/up GEMM, torch's silu and mul, down GEMM) bit for bit, outputs and the KV
-pool alike, at layer 0 (no residual) and after it, one request and several, 1 to 4 rows each; the
+pool alike, at layer 0 (no residual) and after it, one request and several, 1 to 4 rows each, with
+the GEMMs on bf16_linear or (past gemm_rows, as srt/cpu_linear.py routes them) torch's linear; the
 torch reference (kernels/reference.py) within bf16 rounding; opcheck; bad input."""
 
 import pytest
@@ -47,39 +48,41 @@ def batch(bs, rows, seed=1, first=False):
 CS = rope_cos_sin_cache(256, D, 10000.0)
 
 
-def op_by_op(h, residual, positions, w, kc, vc, out_loc, slots, prefix, eps, scale):
-    """The sequence srt/llama_stack.py ran before the layer op, one torch op call at a time."""
+def op_by_op(h, residual, positions, w, kc, vc, out_loc, slots, prefix, eps, scale, gemm_rows):
+    """The sequence srt/llama_stack.py runs without the layer op, one torch op call at a time."""
+    linear = OPS.bf16_linear if h.shape[0] <= gemm_rows else torch.nn.functional.linear
     if residual is None:
         x, res_mid = OPS.rms_norm(h, None, w["ln1"], eps)[0], h
     else:
         x, res_mid = OPS.rms_norm(h, residual, w["ln1"], eps)
-    q, k, v = OPS.bf16_linear(x, w["qkv_w"], w["qkv_b"]).split([H * D, HKV * D, HKV * D], dim=-1)
+    q, k, v = linear(x, w["qkv_w"], w["qkv_b"]).split([H * D, HKV * D, HKV * D], dim=-1)
     q, k = OPS.rope_qk(positions, q, k, CS, D, True)
     k, v = k.view(-1, HKV, D), v.view(-1, HKV, D)  # RadixAttention.forward's views
     kc[out_loc] = k  # SGLang's set_kv_buffer
     vc[out_loc] = v
     attn = OPS.chain_attention(q.view(-1, H, D), kc, vc, slots, prefix, scale, True).reshape(h.shape[0], H * D)
-    x, res_out = OPS.rms_norm(OPS.bf16_linear(attn, w["o_w"], None), res_mid, w["ln2"], eps)
-    gu = OPS.bf16_linear(x, w["gate_up_w"], None)
+    x, res_out = OPS.rms_norm(linear(attn, w["o_w"], None), res_mid, w["ln2"], eps)
+    gu = linear(x, w["gate_up_w"], None)
     d = gu.shape[-1] // 2
     act = torch.nn.functional.silu(gu[..., :d]) * gu[..., d:]  # SiluAndMul.forward_native
-    return OPS.bf16_linear(act, w["down_w"], None), res_mid, res_out
+    return linear(act, w["down_w"], None), res_mid, res_out
 
 
-def call(fn, h, residual, positions, w, kc, vc, out_loc, slots, prefix, eps=1e-5, scale=D**-0.5):
+def call(fn, h, residual, positions, w, kc, vc, out_loc, slots, prefix, eps=1e-5, scale=D**-0.5, gemm_rows=2**62):
     args = (h, residual, positions, w["ln1"], w["qkv_w"], w["qkv_b"], w["o_w"], w["ln2"], w["gate_up_w"])
-    return fn(*args, w["down_w"], CS, kc, vc, out_loc, slots, prefix, H, HKV, D, eps, scale, True)
+    return fn(*args, w["down_w"], CS, kc, vc, out_loc, slots, prefix, H, HKV, D, eps, scale, True, gemm_rows)
 
 
 @pytest.mark.parametrize("bs,rows", [(1, 1), (1, 4), (3, 2), (4, 4)])
 @pytest.mark.parametrize("first", [True, False])
 @pytest.mark.parametrize("bias", [False, True])
-def test_one_call_equals_the_ops_one_by_one(bs, rows, first, bias):
+@pytest.mark.parametrize("gemm_rows", [2**62, 3])
+def test_one_call_equals_the_ops_one_by_one(bs, rows, first, bias, gemm_rows):
     w = layer(bias=bias)
     h, residual, positions, kc, vc, out_loc, slots, prefix = batch(bs, rows, seed=bs * 10 + rows, first=first)
     kc2, vc2 = kc.clone(), vc.clone()
-    got = call(OPS.llama_layer, h, residual, positions, w, kc, vc, out_loc, slots, prefix)
-    want = op_by_op(h, residual, positions, w, kc2, vc2, out_loc, slots, prefix, 1e-5, D**-0.5)
+    got = call(OPS.llama_layer, h, residual, positions, w, kc, vc, out_loc, slots, prefix, gemm_rows=gemm_rows)
+    want = op_by_op(h, residual, positions, w, kc2, vc2, out_loc, slots, prefix, 1e-5, D**-0.5, gemm_rows)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
     assert torch.equal(kc, kc2) and torch.equal(vc, vc2)  # the same K/V written at the same slots
@@ -97,8 +100,9 @@ def test_reference_within_bf16_rounding_and_opcheck():
         torch.testing.assert_close(a.float(), b.float(), rtol=0.05, atol=0.05)
     torch.testing.assert_close(kc.float(), kr.float(), rtol=0.02, atol=0.02)
     args = (h, residual, positions, w["ln1"], w["qkv_w"], w["qkv_b"], w["o_w"], w["ln2"], w["gate_up_w"])
-    args += (w["down_w"], CS, kc, vc, out_loc, slots, prefix, H, HKV, D, 1e-5, D**-0.5, True)
-    torch.library.opcheck(OPS.llama_layer, args)
+    for gemm_rows in (2**62, 0):
+        torch.library.opcheck(OPS.llama_layer, args + (w["down_w"], CS, kc, vc, out_loc, slots, prefix, H, HKV, D,
+                                                      1e-5, D**-0.5, True, gemm_rows))  # fmt: skip
 
 
 def test_bad_input_names_the_argument():

@@ -33,7 +33,7 @@ SCHEMAS = {
     "llama_layer": "(Tensor h, Tensor? residual, Tensor positions, Tensor ln1, Tensor qkv_w, Tensor? qkv_b, "
     "Tensor o_w, Tensor ln2, Tensor gate_up_w, Tensor down_w, Tensor cos_sin_cache, Tensor(a!) k_cache, "
     "Tensor(b!) v_cache, Tensor out_loc, Tensor slots, Tensor prefix, int num_heads, int num_kv_heads, "
-    "int head_size, float eps, float scale, bool neox) -> (Tensor, Tensor, Tensor)",
+    "int head_size, float eps, float scale, bool neox, int gemm_rows) -> (Tensor, Tensor, Tensor)",
 }
 # Ops with a CPU kernel only: the target's bf16 GEMMs, rotary embedding and RMSNorm on a CPU
 # (srt/cpu_linear.py) and its verify attention (srt/verify_backend.py); on GPU SGLang's own kernels
@@ -86,7 +86,7 @@ def _register_fakes():
 
     @torch.library.register_fake("sglang_dflash::llama_layer")
     def _(h, residual, positions, ln1, qkv_w, qkv_b, o_w, ln2, gate_up_w, down_w, cos_sin_cache, k_cache, v_cache,
-          out_loc, slots, prefix, num_heads, num_kv_heads, head_size, eps, scale, neox):  # fmt: skip
+          out_loc, slots, prefix, num_heads, num_kv_heads, head_size, eps, scale, neox, gemm_rows):  # fmt: skip
         out = lambda: torch.empty_like(h, memory_format=torch.contiguous_format)  # noqa: E731
         return out(), h if residual is None else out(), out()
 

@@ -164,11 +164,12 @@ def rms_norm_ref(x, residual, weight, eps: float):
 
 def llama_layer_ref(h, residual, positions, ln1, qkv_w, qkv_b, o_w, ln2, gate_up_w, down_w, cos_sin_cache,
                     k_cache, v_cache, out_loc, slots, prefix, num_heads: int, num_kv_heads: int, head_size: int,
-                    eps: float, scale: float, neox: bool):  # fmt: skip
+                    eps: float, scale: float, neox: bool, gemm_rows: int = 2**62):  # fmt: skip
     """One Llama decoder layer from the other ops' references, in the order SGLang's layer runs them:
     h, residual [T, hidden] (residual None at layer 0: the embeddings are the residual stream);
     k_cache, v_cache [S, Hkv, D] written at out_loc [T] -> (h_out, residual after the input norm's
-    add, residual after the post-attention norm's add), each [T, hidden]."""
+    add, residual after the post-attention norm's add), each [T, hidden]. gemm_rows: the kernel picks
+    its GEMM by rows (ours or torch's); both are one bf16 rounding of the same product, as here."""
     x, res_mid = rms_norm_ref(h, residual, ln1, eps)
     if residual is None:
         res_mid = h

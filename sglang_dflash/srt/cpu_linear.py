@@ -11,7 +11,8 @@ DFLASH worker) is left as SGLang made it.
 SGLANG_DFLASH_CPU_LINEAR: auto (every GEMM where oneDNN has no native bf16; where it has, GEMMs of up
 to NATIVE_BF16_MAX_ROWS rows: the decode and narrow-verify shapes, where streaming the weights once
 beats oneDNN; up to DOT_BF16_MAX_ROWS where the CPU has AVX512-BF16 and the kernel its native bf16
-dot products), 1 (every GEMM of any bf16 CPU target), 0 (off).
+dot products, AMX_MAX_ROWS where oneDNN also has AMX tiles), 1 (every GEMM of any bf16 CPU target),
+0 (off).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ NATIVE_BF16_MAX_ROWS = 3
 # against torch's 32.9 / 35.9 / 40.8 / 50.6 / 70.0 / 110.1: ours up to 64 rows (prefill chunks beyond
 # stay oneDNN's).
 DOT_BF16_MAX_ROWS = 64
+# Where the CPU also has AMX, oneDNN's bf16 runs on its tiles and wins sooner: on a 2-core Xeon with
+# AMX (one thread, same bench, 2026-12-06) ours vs torch 17.7 vs 34.9 ms at 1 row, 24.4 vs 39.4 at 4,
+# 34.8 vs 40.5 at 8, 45.9 vs 40.8 at 12, 56.5 vs 40.8 at 16: ours up to 8 rows there.
+AMX_MAX_ROWS = 8
 # rope_qk's scalar pass wins up to here; past it torch's vectorized ops do (bench/ops_bench.py, the
 # embedded target's heads; AVX2 host: 8.6x at 1 token, 2.7x at 16, 1.26x at 48, 0.7x at 128;
 # AVX512-BF16 host: 6.1x at 1, 1.69x at 16, 0.86x at 48, 0.57x at 128).
@@ -48,14 +53,32 @@ def native_bf16() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+def cpu_flag(name: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and f" {name} " in line.split(":", 1)[-1] + " " for line in f)
+    except OSError:
+        return False
+
+
 def dot_bf16() -> bool:
     """The CPU has AVX512-BF16, so bf16_linear takes its native path (csrc/bf16_linear_cpu.cpp
     has_avx512_bf16 asks the same CPU flag)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
-    except OSError:
-        return False
+    return cpu_flag("avx512_bf16")
+
+
+def amx_bf16() -> bool:
+    """The CPU has AMX bf16 tiles, which oneDNN's bf16 matmul uses."""
+    return cpu_flag("amx_bf16")
+
+
+def max_rows(native: bool, dot: bool, amx: bool):
+    """The most rows a GEMM takes bf16_linear on (None: every GEMM), by where each kernel wins."""
+    if not native:
+        return None
+    if not dot:
+        return NATIVE_BF16_MAX_ROWS
+    return AMX_MAX_ROWS if amx else DOT_BF16_MAX_ROWS
 
 
 def enable(device_type: str, dtype: torch.dtype) -> bool:
@@ -65,8 +88,8 @@ def enable(device_type: str, dtype: torch.dtype) -> bool:
     _state["on"] = wanted(device_type, dtype) and kernels.load() == "extension"
     auto = env.CPU_LINEAR.get() == "auto"
     rows = None
-    if _state["on"] and auto and native_bf16():
-        rows = DOT_BF16_MAX_ROWS if dot_bf16() else NATIVE_BF16_MAX_ROWS
+    if _state["on"] and auto:
+        rows = max_rows(native_bf16(), dot_bf16(), amx_bf16())
     _state["max_rows"] = rows
     cpu_bf16 = device_type == "cpu" and dtype == torch.bfloat16
     for key, var in (("rope", env.CPU_ROPE), ("norm", env.CPU_NORM)):
@@ -90,12 +113,31 @@ def gemm_fast(x: torch.Tensor, w, bias) -> bool:
     )
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [N, in] @ w [out, in]^T for the drafter (DFlashDrafter.route_matmuls, DraftHead): bf16_linear
-    where the target's GEMMs of that shape take it, else F.linear (both within one bf16 step of exact)."""
-    if gemm_fast(x, w, None):
-        return torch.ops.sglang_dflash.bf16_linear(x, w, None)
-    return torch.nn.functional.linear(x, w)
+def linear(x: torch.Tensor, w: torch.Tensor, bias=None) -> torch.Tensor:
+    """x [N, in] @ w [out, in]^T (+ bias): bf16_linear where the target's GEMMs of that shape take it,
+    else F.linear, exactly as linear_apply routes SGLang's layers (the drafter: DFlashDrafter.route_matmuls,
+    DraftHead; the target's layer stack: llama_stack.py)."""
+    if gemm_fast(x, w, bias):
+        return torch.ops.sglang_dflash.bf16_linear(x, w, bias)
+    return torch.nn.functional.linear(x, w, bias)
+
+
+def gemm_rows() -> int:
+    """The most rows a GEMM takes bf16_linear on, as an int for the one-call layer op (llama_layer)."""
+    rows = _state["max_rows"]
+    return 2**62 if rows is None else rows
+
+
+def plain_layer(layer, x: torch.Tensor, bias) -> bool:
+    """Whether this linear layer's UnquantizedLinearMethod.apply is linear() for x's dtype and device
+    at any row count: bf16_linear (gemm_fast) or, past its rows, F.linear."""
+    w = getattr(layer, "weight", None)
+    return (
+        _state["on"]
+        and isinstance(w, torch.Tensor)
+        and gemm_fast(x[:0], w, bias)
+        and not getattr(layer, "use_intel_amx_backend", False)
+    )
 
 
 def layer_fast(layer, x: torch.Tensor, bias) -> bool:

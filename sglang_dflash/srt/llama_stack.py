@@ -110,7 +110,7 @@ def _fast(model, positions, h) -> bool:
         and cpu_linear.norm_fast(layer.post_attention_layernorm, h, h)
         and cpu_linear.rope_fast(attn.rotary_emb, positions, h, h)
         and all(
-            cpu_linear.layer_fast(m, h, m.bias)
+            cpu_linear.plain_layer(m, h, m.bias)
             for m in (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
         )
     )
@@ -119,7 +119,7 @@ def _fast(model, positions, h) -> bool:
 # The fused layer's ops, each behind a named function so a sampling profile (bench/step_profile.py)
 # can tell a GEMM from a norm: py-spy sees Python frames only.
 def _gemm(module, x: torch.Tensor) -> torch.Tensor:
-    return torch.ops.sglang_dflash.bf16_linear(x, module.weight, module.bias)
+    return cpu_linear.linear(x, module.weight, module.bias)
 
 
 def _norm(module, h: torch.Tensor, residual):
@@ -227,6 +227,7 @@ def _layer_op(layer, positions, h, residual, forward_batch, pool, slots, prefix)
         layer.input_layernorm.variance_epsilon,
         attn.attn.scaling,
         rot.is_neox_style,
+        cpu_linear.gemm_rows(),
     )
 
 
