@@ -27,25 +27,20 @@ import requests
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from provenance import append_rows, base_fields, stamp  # noqa: E402
 
-# (stage, substrings of a frame): the first match from the leaf upward wins. The C++ names (our ops'
-# entry points, oneDNN's and ATen's kernels) only appear under --native, inside one-call layers.
+# (stage, substrings of a frame): the first match from the leaf upward wins
 STAGES = [
     (
         "norm/rope/act",
-        ("layernorm", "rotary_embedding", "activation.py", "rms_norm", "rope_forward", "_norm (", "_rope (")
-        + ("rope_qk_cpu", "silu", "at::native::mul"),
+        ("layernorm", "rotary_embedding", "activation.py", "rms_norm", "rope_forward", "_norm (", "_rope ("),
     ),
     (
         "gemm",
-        ("_gemm (", "linear.py", "F.linear", "(linear)", "matmul", "apply_weights", "logits_processor.py")
-        + ("bf16_linear", "dnnl", "mkldnn", "brgemm"),
+        ("_gemm (", "linear.py", "F.linear", "(linear)", "matmul", "apply_weights", "logits_processor.py"),
     ),
     (
         "attention",
-        ("torch_native_backend", "radix_attention", "scaled_dot_product", "pipeline/attention", "torch_native_verify")
-        + ("chain_attention",),
+        ("torch_native_backend", "radix_attention", "scaled_dot_product", "pipeline/attention", "torch_native_verify"),
     ),
-    ("kv write", ("index_put",)),
     ("sgl_kernel stand-ins", ("sgl_kernel_cpu.py",)),
     ("draft (ours)", ("pipeline/draft.py", "model/drafter.py", "context_kv.py", "srt/draft_head.py")),
     ("sample/accept (ours)", ("target_sampling.py", "accept.py", "penalties.py", "grammar_mask.py")),
@@ -78,7 +73,7 @@ def steps(url: str) -> int:
     return sum(sum(s["dflash"].get("width_steps", {}).values()) for s in st)
 
 
-def profile(srv, concurrency: int, seconds: float, native: bool = False) -> dict:
+def profile(srv, concurrency: int, seconds: float) -> dict:
     stop = threading.Event()
 
     def client(i):
@@ -98,8 +93,7 @@ def profile(srv, concurrency: int, seconds: float, native: bool = False) -> dict
     s0 = steps(srv.url)
     spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
     subprocess.run([spy, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "200", "-f", "raw", "-o", raw,
-                    "--full-filenames", "--idle", "--nonblocking", *(["--native"] if native else [])],
-                   check=True, capture_output=True)  # fmt: skip
+                    "--full-filenames", "--idle", "--nonblocking"], check=True, capture_output=True)  # fmt: skip
     n_steps = steps(srv.url) - s0
     stop.set()
     counts, leaves = collections.Counter(), collections.Counter()
@@ -145,7 +139,6 @@ def main():
         default=["default"],
         help="NAME or NAME:VAR=V,VAR=V: servers with these environment variables, side by side (before/after)",
     )
-    ap.add_argument("--native", action="store_true", help="C++ frames too (py-spy --native): inside our ops")
     a = ap.parse_args()
     prov = stamp()
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "step_profile.jsonl")
@@ -165,9 +158,8 @@ def main():
                             "dtype": dtype,
                             "arm": arm,
                             "env": extra,
-                            "native": a.native,
                         }
-                        row.update(profile(srv, c, a.seconds, a.native))
+                        row.update(profile(srv, c, a.seconds))
                         rows.append({**row, **base_fields(prov)})
                         print(json.dumps(row), flush=True)
     print("run", append_rows(out, rows, prov), "->", os.path.relpath(out))
