@@ -13,10 +13,13 @@ from setuptools import setup
 
 
 def compile_args(env=os.environ):
-    """{"cxx": [...], "nvcc": [...]}: warnings as errors only when SGLANG_DFLASH_WERROR=1."""
+    """{"cxx": [...], "nvcc": [...]}: warnings as errors only when SGLANG_DFLASH_WERROR=1. -fopenmp:
+    at::parallel_for in our CPU kernels splits work over torch's OpenMP threads only when the
+    extension itself is built with OpenMP (its loop is inlined from ATen's headers); with one thread
+    (OMP_NUM_THREADS=1, the CPU serving default) it runs inline as before."""
     werror = env.get("SGLANG_DFLASH_WERROR", "").strip().lower() in ("1", "true", "yes", "on")  # as env.py
     return {
-        "cxx": ["-O3", "-Wall", "-Wno-unknown-pragmas"] + (["-Werror"] if werror else []),
+        "cxx": ["-O3", "-fopenmp", "-Wall", "-Wno-unknown-pragmas"] + (["-Werror"] if werror else []),
         "nvcc": ["-O3"] + (["-Werror=all-warnings"] if werror else []),
     }
 
@@ -67,6 +70,7 @@ if os.environ.get("SGLANG_DFLASH_BUILD_EXT", "1") != "0":
             ],
             depends=depends,
             extra_compile_args=flags,
+            extra_link_args=["-fopenmp"],
         )
     else:
         ext = CppExtension(
@@ -81,6 +85,7 @@ if os.environ.get("SGLANG_DFLASH_BUILD_EXT", "1") != "0":
             ],
             depends=depends,
             extra_compile_args={"cxx": flags["cxx"]},
+            extra_link_args=["-fopenmp"],
         )
     ext_modules, cmdclass = [ext], {"build_ext": BuildExtension}
 

@@ -151,9 +151,14 @@ def arm(name: str, draft: str, extra: list[str], match_sched: bool):
     decoding through our worker); `adaptive`: the drafter's block (`adaptive<B>`: block B), width
     chosen by the controller.
     A `+<rule>` suffix (e.g. `fixed16+q1`) sets the DFlash 1 proposal rule for sampled requests;
-    an `@DIR` suffix (e.g. `adaptive@/path/drafter`) serves another drafter."""
+    an `@DIR` suffix (e.g. `adaptive@/path/drafter`) serves another drafter; a `-t<N>` suffix (e.g.
+    `adaptive-t2`) runs the server with N OpenMP threads (OMP_NUM_THREADS; the CPU default is 1)."""
     from sglang_dflash import env
 
+    base, _, threads = name.rpartition("-t")
+    if base and threads.isdigit():
+        d, flags, environ = arm(base, draft, extra, match_sched)
+        return d, flags, {**environ, "OMP_NUM_THREADS": threads}
     if "+" in name:
         base, rule = name.split("+", 1)
         if rule not in env.PROPOSAL.choices:

@@ -115,3 +115,27 @@ def test_hooks_route_only_when_enabled(monkeypatch):
     finally:
         monkeypatch.setenv("SGLANG_DFLASH_CPU_LINEAR", "0")
         cpu_linear.enable("cpu", torch.bfloat16)
+
+
+@pytest.mark.parametrize("M", [1, 2, 5, 16])
+def test_threads_split_the_columns_bit_identically(M):
+    """The extension is built with OpenMP (setup.py), so at::parallel_for splits W's rows over torch's
+    threads (its inlined loop calls OpenMP's runtime: without -fopenmp it would run on one thread
+    whatever OMP_NUM_THREADS says); each output column is still one thread's whole dot product, so
+    the result is the one-thread result to the bit."""
+    import sglang_dflash._C as ext
+
+    with open(ext.__file__, "rb") as f:
+        assert b"GOMP_parallel" in f.read(), "sglang_dflash._C was built without OpenMP (-fopenmp)"
+    x, w, b = case(M, 576, 1000, True, seed=M)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = OPS.bf16_linear(x, w, b)
+        torch.set_num_threads(2)
+        assert torch.get_num_threads() == 2
+        two = OPS.bf16_linear(x, w, b)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+    within_one_ulp(two, x, w, b)
