@@ -131,9 +131,9 @@ CPU_LINEAR = EnvVar(
     "SGLANG_DFLASH_CPU_LINEAR",
     str,
     "auto",
-    "DFLASH servers' bf16 target GEMMs on CPU through our AVX2 kernel (csrc/bf16_linear_cpu.cpp): "
-    "`auto` (every GEMM where oneDNN has no native bf16, those of up to 3 rows where it has), `1` (every GEMM), "
-    "`0` (torch's)",
+    "DFLASH servers' bf16 target GEMMs on CPU through our kernel (csrc/bf16_linear_cpu.cpp): "
+    "`auto` (every GEMM where oneDNN has no native bf16; where it has, up to 3 rows, 64 with AVX512-BF16, "
+    "8 where AMX tiles serve oneDNN), `1` (every GEMM), `0` (torch's)",
     choices=("auto", "1", "0"),
 )
 CPU_ROPE = EnvVar(
