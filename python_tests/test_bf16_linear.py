@@ -123,9 +123,9 @@ def test_threads_split_the_columns_bit_identically(M):
     threads (its inlined loop calls OpenMP's runtime: without -fopenmp it would run on one thread
     whatever OMP_NUM_THREADS says); each output column is still one thread's whole dot product, so
     the result is the one-thread result to the bit."""
-    import sglang_dflash._C as ext
+    import importlib.util
 
-    with open(ext.__file__, "rb") as f:
+    with open(importlib.util.find_spec("sglang_dflash._C").origin, "rb") as f:
         assert b"GOMP_parallel" in f.read(), "sglang_dflash._C was built without OpenMP (-fopenmp)"
     x, w, b = case(M, 576, 1000, True, seed=M)
     threads = torch.get_num_threads()
