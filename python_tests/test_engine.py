@@ -1,4 +1,10 @@
-"""The offline sglang.Engine serves DFLASH through our worker, losslessly (float32)."""
+"""The offline sglang.Engine serves DFLASH through our worker, losslessly (float32).
+
+The verify width is pinned to the block: the 16 prompts run as one batch, and whether speculation
+pays at batch 16 is the cost-aware controller's call from the host's measured step costs (on a
+loaded 2-core host it chose width 1 for the whole batch, and nothing was drafted to check). The
+controller's own choices are proven lossless by test_lossless.py (its adaptive and random-width
+configurations)."""
 
 import json
 import os
@@ -7,8 +13,9 @@ import sys
 
 import pytest
 
-from sglang_dflash.testing.servers import assert_lossless
+from sglang_dflash import env as dflash_env
 from sglang_dflash.cpu_serving import CPU_ENV
+from sglang_dflash.testing.servers import assert_lossless
 
 HERE = os.path.dirname(__file__)
 
@@ -20,6 +27,7 @@ def test_offline_engine_lossless(pair, tmp_path):
     target, drafter = pair("qwen3", "float32", MIXED["qwen3"])
     out = tmp_path / "engine.json"
     env = {**os.environ, **CPU_ENV, "PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env[dflash_env.WIDTH.name] = "16"  # the pair's block: every step drafts and verifies the whole block
     p = subprocess.run(
         [sys.executable, os.path.join(HERE, "engine_run.py"), target, drafter, str(out)],
         env=env,
