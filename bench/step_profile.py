@@ -33,10 +33,7 @@ STAGES = [
         "norm/rope/act",
         ("layernorm", "rotary_embedding", "activation.py", "rms_norm", "rope_forward", "_norm (", "_rope ("),
     ),
-    (
-        "gemm",
-        ("_gemm (", "linear.py", "F.linear", "(linear)", "matmul", "apply_weights", "logits_processor.py"),
-    ),
+    ("gemm", ("_gemm (", "linear.py", "F.linear", "(linear)", "matmul", "apply_weights", "logits_processor.py")),
     (
         "attention",
         ("torch_native_backend", "radix_attention", "scaled_dot_product", "pipeline/attention", "torch_native_verify"),
@@ -152,13 +149,7 @@ def main():
                 name = f"profile-{dtype}-w{w}-{arm}"
                 with launch(model, drafter, dtype, env=env, name=name, check_drafts=False) as srv:
                     for c in a.concurrency:
-                        row = {
-                            "width": w,
-                            "concurrency": c,
-                            "dtype": dtype,
-                            "arm": arm,
-                            "env": extra,
-                        }
+                        row = {"width": w, "concurrency": c, "dtype": dtype, "arm": arm, "env": extra}
                         row.update(profile(srv, c, a.seconds))
                         rows.append({**row, **base_fields(prov)})
                         print(json.dumps(row), flush=True)

@@ -130,14 +130,8 @@ def gemm_rows() -> int:
 
 def plain_layer(layer, x: torch.Tensor, bias) -> bool:
     """Whether this linear layer's UnquantizedLinearMethod.apply is linear() for x's dtype and device
-    at any row count: bf16_linear (gemm_fast) or, past its rows, F.linear."""
-    w = getattr(layer, "weight", None)
-    return (
-        _state["on"]
-        and isinstance(w, torch.Tensor)
-        and gemm_fast(x[:0], w, bias)
-        and not getattr(layer, "use_intel_amx_backend", False)
-    )
+    at any row count: bf16_linear (layer_fast) or, past its rows, F.linear."""
+    return layer_fast(layer, x[:0], bias)
 
 
 def layer_fast(layer, x: torch.Tensor, bias) -> bool:
