@@ -96,7 +96,9 @@ def killed(models):
 def injected(models, killed):
     """Restarted on the killed server's port, every 3rd draft step raising: greedy and seeded outputs."""
     target, drafter = models
-    env = {"SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY": "3"}
+    # Width pinned to the block: under the cost-aware controller a loaded host can verify at width 1
+    # throughout, and then no step drafts at all (the failure path would go untested).
+    env = {"SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY": "3", "SGLANG_DFLASH_WIDTH": "16"}
     with launch(target, drafter, "float32", name="dflash-restarted-faults", env=env, port=killed[0]) as srv:
         outs = generate_all(srv, PROMPTS, 32)
         again = generate_all(srv, PROMPTS[:2], 32)

@@ -39,9 +39,11 @@ def run(target, draft, inp, out, *extra):
         "float32",
         *extra,
     ]
+    pin = {}
     if draft:
         cmd += ["--draft", draft]
-    p = subprocess.run(cmd, env={**os.environ, **CPU_ENV}, capture_output=True, text=True, timeout=900)
+        pin = {"SGLANG_DFLASH_WIDTH": "16"}  # every step drafts (the controller may pick width 1 on a loaded host)
+    p = subprocess.run(cmd, env={**os.environ, **CPU_ENV, **pin}, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     return p.stderr, [json.loads(line) for line in open(out)]
 
