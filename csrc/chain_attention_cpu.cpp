@@ -12,6 +12,11 @@
 
 #include "cpu_features.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -33,6 +38,21 @@ namespace avx2 {
 namespace base {
 #include "chain_attention_body.h"
 }  // namespace base
+
+#if defined(__x86_64__)
+// GCC 12's _mm512_reduce_add_ps reads an _mm512_undefined_ps() on purpose; -Werror would stop it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512bf16,avx2,fma")
+namespace avx512 {
+#include "chain_attention_body.h"
+#include "chain_attention_dp.h"
+}  // namespace avx512
+#pragma GCC pop_options
+#pragma GCC diagnostic pop
+#endif
 
 }  // namespace
 
@@ -73,6 +93,8 @@ at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, c
   const at::Tensor qc = q.contiguous(), kc = k_cache.contiguous(), vc = v_cache.contiguous();
   const float sc = static_cast<float>(scale);
   const bool avx = dflash_cpu::has_avx2_fma();
+  // bf16 on native bf16 dot products where the CPU has them (head dims of 32, 64, 128)
+  const bool dp = dflash_cpu::has_avx512_bf16() && q.scalar_type() == at::kBFloat16 && (D == 32 || D == 64 || D == 128);
   auto run = [&](auto* tag) {  // float32 or bfloat16 only (checked above): no kernel for other dtypes
     using scalar_t = std::remove_pointer_t<decltype(tag)>;
     const scalar_t *qp = qc.data_ptr<scalar_t>(), *kp = kc.data_ptr<scalar_t>(), *vp = vc.data_ptr<scalar_t>();
@@ -80,6 +102,15 @@ at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, c
     at::parallel_for(0, bs * Hkv, 1, [&](int64_t a, int64_t b) {
       for (int64_t w = a; w < b; ++w) {
         const int64_t i = w / Hkv;
+        if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+#if defined(__x86_64__)
+          if (dp) {
+            const auto f = D == 32 ? avx512::attend_dp<2> : D == 64 ? avx512::attend_dp<4> : avx512::attend_dp<8>;
+            f(qp, kp, vp, sp + i * T, pp[i], B, H, Hkv, i, w % Hkv, sc, causal, op);
+            continue;
+          }
+#endif
+        }
         if (avx)
           avx2::attend(qp, kp, vp, sp + i * T, pp[i], B, H, Hkv, D, i, w % Hkv, sc, causal, op);
         else

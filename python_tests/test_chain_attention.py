@@ -38,6 +38,21 @@ def test_matches_the_reference(causal, dtype, B, heads):
 
 
 @pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("B", [1, 2, 4, 16])
+@pytest.mark.parametrize("heads", [(9, 3, 64), (4, 4, 32), (8, 2, 80), (4, 2, 128)])
+def test_bf16_is_the_float32_attention_rounded_once(causal, B, heads):
+    """bf16 (native bf16 dot products where the CPU has AVX512-BF16, head dims 32/64/128; the generic
+    kernel otherwise) equals the float32 kernel on the same bf16 values within one bf16 rounding of
+    the output: the scores and the weighted sum lose nothing in bf16 arithmetic."""
+    H, Hkv, D = heads
+    q, k, v, slots, prefix = case([300, 0, 17, 64], B, H, Hkv, D, torch.bfloat16, seed=B)
+    got = OPS.chain_attention(q, k, v, slots, prefix, D**-0.5, causal).float()
+    want = OPS.chain_attention(q.float(), k.float(), v.float(), slots, prefix, D**-0.5, causal)
+    err = (got - want).abs() - want.abs() * 2**-8  # half a bf16 step of the value, plus fp32 slack
+    assert err.max() <= 1e-5, f"bf16 off the float32 result by more than its rounding: {err.max():.3g}"
+
+
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("B", [1, 8, 16])
 def test_matches_the_gather_and_sdpa_path(B, causal):
     q, k, v, slots, prefix = case([250, 40, 3, 129], B)
