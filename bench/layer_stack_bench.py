@@ -28,10 +28,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARM_ROOT = sys.argv[sys.argv.index("--root") + 1] if "--root" in sys.argv else ROOT
 sys.path[:0] = [ARM_ROOT, os.path.join(ROOT, "bench"), os.path.join(ROOT, "bench", "checks")]
 import provenance  # noqa: E402
-from gpu_check import timeit  # noqa: E402  (the timing code of every bench here)
-from sglang_dflash import kernels  # noqa: E402
+from sglang_dflash import kernels  # noqa: E402  (before gpu_check, which puts this checkout first on the path)
 from sglang_dflash.kernels.reference import rope_cos_sin_cache  # noqa: E402
 from sglang_dflash.srt import cpu_linear  # noqa: E402
+from gpu_check import timeit  # noqa: E402  (the timing code of every bench here)
 
 OUT = os.path.join(ROOT, "bench", "results", "layer_stack.jsonl")
 LAYERS, HID, H, HKV, D, INTER, VOCAB, EPS = 30, 576, 9, 3, 64, 1536, 49152, 1e-5
@@ -194,7 +194,8 @@ def main():
         )
         assert res.returncode == 0, res.stderr[-3000:]
         rows_out += [
-            {"arm": name, "repeat": k // len(arms), **r} for r in json.loads(res.stdout.strip().splitlines()[-1])
+            {"arm": name, "repeat": k // len(arms), **r, **provenance.base_fields(prov)}
+            for r in json.loads(res.stdout.strip().splitlines()[-1])
         ]
     print("| arm | bs | rows | whole ms | sum of parts | " + " | ".join(COMPONENTS) + " |")
     print("|---" * (5 + len(COMPONENTS)) + "|")

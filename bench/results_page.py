@@ -27,7 +27,6 @@ from results_tables import (  # noqa: E402
     scale_out,
     served,
     step_profile,
-    cpu_linear,
     graphs_bench,
     soak,
     spread,
@@ -36,6 +35,7 @@ from results_tables import (  # noqa: E402
     training,
     widths,
 )
+from results_cpu import cpu_linear, layer_stack  # noqa: E402
 from results_gpu_peer import datagen, gpu_check, peer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -103,7 +103,7 @@ def page(head_lines: list[str]) -> str:
     known = {"real_bench", "tiny_bench", "soak", "drafter_arms", "train_summary", "width_trace", "ops_cpu"}
     known |= {"draft_head", "sampling_bench", "train_step", "attention_bench", "draft_rope"}
     known |= {"scale_out", "step_profile", "cpu_linear", "gpu_check_kernels", "peer_bench", "datagen"} & found_kinds()
-    known |= {"graphs_bench"} & found_kinds()
+    known |= {"graphs_bench", "layer_stack"} & found_kinds()
     found = {os.path.basename(p)[: -len(".jsonl")] for p in glob.glob(os.path.join(RESULTS, "*.jsonl"))}
     assert found == known, (
         f"results files without a section here: {found - known}; sections without a file: {known - found}"
@@ -147,6 +147,18 @@ def page(head_lines: list[str]) -> str:
                 *cpu_linear(),
             ]
             if "cpu_linear" in known
+            else []
+        ),
+        *(
+            [
+                "## The target's forward outside the server (`layer_stack.jsonl`, `python bench/layer_stack_bench.py`)",
+                "",
+                "SmolLM2-135M's 30 layers + final norm + LM head on a step's tensors (each layer one `llama_layer`",
+                "call), and each op of the layer over the 30 layers on the same inputs.",
+                "",
+                *layer_stack(),
+            ]
+            if "layer_stack" in known
             else []
         ),
         *(

@@ -251,25 +251,6 @@ def step_profile() -> list[str]:
     return out
 
 
-def cpu_linear() -> list[str]:
-    """The target's GEMMs per step on CPU (bench/cpu_linear_bench.py): torch bf16, ours, torch fp32."""
-    out = []
-    for run, rs in runs(rows("cpu_linear")).items():
-        body = [
-            [
-                str(r["rows"]),
-                f1(r["torch_bf16_ms"]),
-                f1(r["ours_bf16_ms"]),
-                f1(r["torch_fp32_ms"]),
-                f"{r['speedup_vs_torch_bf16']:.2f}x",
-            ]
-            for r in rs
-        ]
-        out += [f"Run `{run}` ({about(rs)}, {rs[0]['cpu_capability']}, {rs[0]['threads']} thread):", ""]
-        out += table(["rows", "torch bf16 ms", "ours bf16 ms", "torch fp32 ms", "ours vs torch bf16"], body) + [""]
-    return out
-
-
 def graphs_bench() -> list[str]:
     """The draft stage per (batch, width) on CPU: eager, the step-graph twin, the compiled twin."""
     out = []
