@@ -27,7 +27,7 @@ def case(T=5, hq=9, hk=3, head=64, rd=64, cache_dtype=torch.bfloat16, seed=0):
 @pytest.mark.parametrize("neox", [True, False])
 @pytest.mark.parametrize("rd", [64, 32])
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("T", [1, 16])
+@pytest.mark.parametrize("T", [1, 16, 64])
 def test_equals_sglang_rotary_embedding(neox, rd, cache_dtype, T):
     from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
 

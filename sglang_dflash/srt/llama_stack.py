@@ -16,9 +16,10 @@ Python op calls a layer cost more than their kernels. Nothing is computed differ
 output is bit-identical to SGLang's forward (python_tests/test_llama_stack.py: tokens and every
 logprob, stack on vs off).
 
-Prefill (extend) batches, verify batches past the fused rotary embedding's bound, and anything this
-does not recognise (another model class, quantized or LoRA layers, tensor/pipeline parallelism,
-float32, a GPU) keep SGLang's forward. SGLANG_DFLASH_CPU_STACK: auto (on for a DFLASH server's CPU
+Prefill (extend) batches, verify batches past the fused norm's 64 rows (past the fused rotary
+embedding's 32 where a layer cannot be one call), and anything this does not recognise (another
+model class, quantized or LoRA layers, tensor/pipeline parallelism, float32, a GPU) keep SGLang's
+forward. SGLANG_DFLASH_CPU_STACK: auto (on for a DFLASH server's CPU
 target), loop (no one-call layers), 0 (off).
 """
 
@@ -94,26 +95,32 @@ def _eligible(model, input_ids, positions, forward_batch, input_embeds, pp_proxy
         and input_ids.numel() > 0
         and (mode.is_decode() or mode.is_target_verify())
         and _plain_llama(model)
-        and _fast(model, positions, model.embed_tokens.weight[: input_ids.numel()])
+        and _fast(model, model.embed_tokens.weight[: input_ids.numel()])
     )
 
 
-def _fast(model, positions, h) -> bool:
-    """Whether every norm, rotary embedding and GEMM of this step would take our fused op (the
-    hooks' own tests, on layer 0's modules, every layer being built alike; h [T, hidden] stands in
-    for the step's activations, which have its rows, dtype and device)."""
+def _fast(model, h) -> bool:
+    """Whether every norm and GEMM of this step would take our fused op (the hooks' own tests, on
+    layer 0's modules, every layer being built alike; h [T, hidden] stands in for the step's
+    activations, which have its rows, dtype and device). The rotary embedding is asked apart
+    (_rope_fast): the one-call layer runs ours at any row count."""
     layer = model.layers[0]
     attn = layer.self_attn
     return (
         cpu_linear.norm_fast(layer.input_layernorm, h)
         and cpu_linear.norm_fast(layer.input_layernorm, h, h)
         and cpu_linear.norm_fast(layer.post_attention_layernorm, h, h)
-        and cpu_linear.rope_fast(attn.rotary_emb, positions, h, h)
         and all(
             cpu_linear.plain_layer(m, h, m.bias)
             for m in (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
         )
     )
+
+
+def _rope_fast(model, positions, h) -> bool:
+    """Whether the loop's rotary embeddings take our op (rope_qk, bit-identical to SGLang's at any row
+    count, wins up to cpu_linear.ROPE_MAX_TOKENS)."""
+    return cpu_linear.rope_fast(model.layers[0].self_attn.rotary_emb, positions, h, h)
 
 
 # The fused layer's ops, each behind a named function so a sampling profile (bench/step_profile.py)
@@ -233,15 +240,18 @@ def _layer_op(layer, positions, h, residual, forward_batch, pool, slots, prefix)
 
 def forward(original, self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None):
     """AROUND LlamaModel.forward: the stack in one loop for eligible decode / verify batches."""
-    if not _eligible(self, input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors):
+    ok = _eligible(self, input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors)
+    h = self.embed_tokens(input_ids) if ok else None
+    one_call = _layer_op_step(self, forward_batch, h) if ok else None
+    # The loop past the rotary op's bound would call torch's rotary ops from Python, as SGLang's
+    # forward does; the one-call layer runs ours at any row count (exact, and its cost is small there).
+    if not ok or (one_call is None and not _rope_fast(self, positions, h)):
         counts["sglang"] += 1
         return original(self, input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors)
     counts["fused"] += 1
     capture = set(self.layers_to_capture)
     aux = []
-    h = self.embed_tokens(input_ids)
     residual = None
-    one_call = _layer_op_step(self, forward_batch, h)
     if one_call is not None:
         counts["layer_op"] += 1
         for i, layer in enumerate(self.layers):
