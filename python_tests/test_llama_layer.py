@@ -12,7 +12,7 @@ from sglang_dflash import kernels
 from sglang_dflash.kernels.reference import llama_layer_ref, rope_cos_sin_cache
 
 OPS = kernels.ops()
-HID, H, HKV, D, INTER, S = 128, 4, 2, 32, 256, 1024
+HID, H, HKV, D, INTER, S = 128, 4, 2, 32, 256, 2048
 
 
 def layer(seed=0, bias=False):
@@ -73,7 +73,7 @@ def call(fn, h, residual, positions, w, kc, vc, out_loc, slots, prefix, eps=1e-5
     return fn(*args, w["down_w"], CS, kc, vc, out_loc, slots, prefix, H, HKV, D, eps, scale, True, gemm_rows)
 
 
-@pytest.mark.parametrize("bs,rows", [(1, 1), (1, 4), (3, 2), (4, 4), (16, 4)])
+@pytest.mark.parametrize("bs,rows", [(1, 1), (1, 4), (3, 2), (4, 4), (32, 4)])
 @pytest.mark.parametrize("first", [True, False])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("gemm_rows", [2**62, 3])

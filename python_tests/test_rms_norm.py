@@ -33,7 +33,7 @@ def rows(T, hidden=576, seed=1, scale=3.0):
     ).bfloat16()
 
 
-@pytest.mark.parametrize("T", [1, 2, 16, 64])
+@pytest.mark.parametrize("T", [1, 2, 16, 64, 192])
 @pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("add", [True, False])
 def test_equals_sglang_rms_norm(T, weight_dtype, add):

@@ -16,10 +16,9 @@ Python op calls a layer cost more than their kernels. Nothing is computed differ
 output is bit-identical to SGLang's forward (python_tests/test_llama_stack.py: tokens and every
 logprob, stack on vs off).
 
-Prefill (extend) batches, verify batches past the fused norm's 64 rows (past the fused rotary
-embedding's 32 where a layer cannot be one call), and anything this does not recognise (another
-model class, quantized or LoRA layers, tensor/pipeline parallelism, float32, a GPU) keep SGLang's
-forward. SGLANG_DFLASH_CPU_STACK: auto (on for a DFLASH server's CPU
+Prefill (extend) batches, verify batches whose layers cannot be one call past the fused rotary
+embedding's 32 rows, and anything this does not recognise (another model class, quantized or LoRA
+layers, tensor/pipeline parallelism, float32, a GPU) keep SGLang's forward. SGLANG_DFLASH_CPU_STACK: auto (on for a DFLASH server's CPU
 target), loop (no one-call layers), 0 (off).
 """
 
@@ -95,15 +94,15 @@ def _eligible(model, input_ids, positions, forward_batch, input_embeds, pp_proxy
         and input_ids.numel() > 0
         and (mode.is_decode() or mode.is_target_verify())
         and _plain_llama(model)
-        and _fast(model, model.embed_tokens.weight[: input_ids.numel()])
+        and _fast(model, model.embed_tokens.weight[:1])
     )
 
 
 def _fast(model, h) -> bool:
-    """Whether every norm and GEMM of this step would take our fused op (the hooks' own tests, on
-    layer 0's modules, every layer being built alike; h [T, hidden] stands in for the step's
-    activations, which have its rows, dtype and device). The rotary embedding is asked apart
-    (_rope_fast): the one-call layer runs ours at any row count."""
+    """Whether every norm and GEMM of this step would take our fused op at some row count (the hooks'
+    own tests, on layer 0's modules, every layer being built alike; h [1, hidden] stands in for the
+    step's activations, which have its dtype and device). The row bounds are _loop_fast's: the
+    one-call layer runs our norm and rotary ops at any row count (both exact at any)."""
     layer = model.layers[0]
     attn = layer.self_attn
     return (
@@ -117,10 +116,14 @@ def _fast(model, h) -> bool:
     )
 
 
-def _rope_fast(model, positions, h) -> bool:
-    """Whether the loop's rotary embeddings take our op (rope_qk, bit-identical to SGLang's at any row
-    count, wins up to cpu_linear.ROPE_MAX_TOKENS)."""
-    return cpu_linear.rope_fast(model.layers[0].self_attn.rotary_emb, positions, h, h)
+def _loop_fast(model, positions, h) -> bool:
+    """Whether the loop's norms and rotary embeddings take our ops at this step's rows (h [T, hidden]):
+    they win up to cpu_linear.NORM_MAX_TOKENS / ROPE_MAX_TOKENS, past which SGLang's forward runs
+    torch's ops from Python as the loop would."""
+    layer = model.layers[0]
+    return cpu_linear.norm_fast(layer.input_layernorm, h, h) and cpu_linear.rope_fast(
+        layer.self_attn.rotary_emb, positions, h, h
+    )
 
 
 # The fused layer's ops, each behind a named function so a sampling profile (bench/step_profile.py)
@@ -243,9 +246,9 @@ def forward(original, self, input_ids, positions, forward_batch, input_embeds=No
     ok = _eligible(self, input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors)
     h = self.embed_tokens(input_ids) if ok else None
     one_call = _layer_op_step(self, forward_batch, h) if ok else None
-    # The loop past the rotary op's bound would call torch's rotary ops from Python, as SGLang's
-    # forward does; the one-call layer runs ours at any row count (exact, and its cost is small there).
-    if not ok or (one_call is None and not _rope_fast(self, positions, h)):
+    # Past its ops' row bounds the loop would call torch's ops from Python, as SGLang's forward does;
+    # the one-call layer runs ours at any row count (exact, and far cheaper than the Python around it).
+    if not ok or (one_call is None and not _loop_fast(self, positions, h)):
         counts["sglang"] += 1
         return original(self, input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors)
     counts["fused"] += 1
