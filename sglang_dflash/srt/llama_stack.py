@@ -18,8 +18,8 @@ logprob, stack on vs off).
 
 Prefill (extend) batches, verify batches whose layers cannot be one call past the fused rotary
 embedding's 32 rows, and anything this does not recognise (another model class, quantized or LoRA
-layers, tensor/pipeline parallelism, float32, a GPU) keep SGLang's forward. SGLANG_DFLASH_CPU_STACK: auto (on for a DFLASH server's CPU
-target), loop (no one-call layers), 0 (off).
+layers, tensor/pipeline parallelism, float32, a GPU) keep SGLang's forward.
+SGLANG_DFLASH_CPU_STACK: auto (on for a DFLASH server's CPU target), loop (no one-call layers), 0 (off).
 """
 
 from __future__ import annotations
@@ -94,21 +94,22 @@ def _eligible(model, input_ids, positions, forward_batch, input_embeds, pp_proxy
         and input_ids.numel() > 0
         and (mode.is_decode() or mode.is_target_verify())
         and _plain_llama(model)
-        and _fast(model, model.embed_tokens.weight[:1])
+        and _fast(model, positions[:1], model.embed_tokens.weight[:1])
     )
 
 
-def _fast(model, h) -> bool:
-    """Whether every norm and GEMM of this step would take our fused op at some row count (the hooks'
-    own tests, on layer 0's modules, every layer being built alike; h [1, hidden] stands in for the
-    step's activations, which have its dtype and device). The row bounds are _loop_fast's: the
-    one-call layer runs our norm and rotary ops at any row count (both exact at any)."""
+def _fast(model, positions, h) -> bool:
+    """Whether every norm, rotary embedding and GEMM of this step would take our fused op at some row
+    count (the hooks' own tests, on layer 0's modules, every layer being built alike; positions [1]
+    and h [1, hidden] stand in for the step's, which have their dtype and device). The row bounds are
+    _loop_fast's: the one-call layer runs our norm and rotary ops at any row count (exact at any)."""
     layer = model.layers[0]
     attn = layer.self_attn
     return (
         cpu_linear.norm_fast(layer.input_layernorm, h)
         and cpu_linear.norm_fast(layer.input_layernorm, h, h)
         and cpu_linear.norm_fast(layer.post_attention_layernorm, h, h)
+        and cpu_linear.rope_fast(attn.rotary_emb, positions, h, h)
         and all(
             cpu_linear.plain_layer(m, h, m.bias)
             for m in (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
