@@ -79,17 +79,16 @@ def whole(ops, layers, norm, head, h0, cs, inp, gemm_rows):
         h, _, residual = ops.llama_layer(h, residual, positions, w["ln1"], w["qkv_w"], None, w["o_w"], w["ln2"],
                                          w["gate_up_w"], w["down_w"], cs, kc, vc, out_loc, slots, pre, H, HKV, D,
                                          EPS, D**-0.5, True, gemm_rows)  # fmt: skip
-    x = ops.rms_norm(h, residual, norm, EPS)[0]
-    return (ops.bf16_linear if h.shape[0] <= gemm_rows else torch.nn.functional.linear)(x, head, None)
+    return cpu_linear.linear(ops.rms_norm(h, residual, norm, EPS)[0], head)
 
 
-def components(ops, layers, head, h0, cs, inp, gemm_rows):
+def components(ops, layers, head, h0, cs, inp):
     """Each op of a layer over all 30 layers on fixed inputs of the step's shapes: name -> callable
-    (the GEMMs routed by rows as the layer op routes them)."""
+    (the GEMMs routed by rows as the served layers and the layer op route them)."""
     positions, out_loc, slots, pre, pools = inp
     T = h0.shape[0]
-    linear = ops.bf16_linear if T <= gemm_rows else torch.nn.functional.linear
-    qkv = ops.bf16_linear(h0, layers[0]["qkv_w"], None)
+    linear = cpu_linear.linear
+    qkv = linear(h0, layers[0]["qkv_w"])
     q, k, v = qkv.split([H * D, HKV * D, HKV * D], dim=-1)
     q3, k3, v3 = q.reshape(T, H, D), k.reshape(T, HKV, D), v.reshape(T, HKV, D)
     a = h0.new_empty(T, H * D).normal_()
@@ -141,7 +140,7 @@ def measure(args) -> list[dict]:
                 h0 = torch.randn(bs * rows, HID, generator=g).bfloat16()
                 parts = {
                     n: timeit(f, "cpu", reps=args.reps) * 1e3
-                    for n, f in components(ops, layers, head, h0, cs, inp, gemm_rows).items()
+                    for n, f in components(ops, layers, head, h0, cs, inp).items()
                 }
                 ms = timeit(lambda: whole(ops, layers, norm, head, h0, cs, inp, gemm_rows), "cpu", reps=args.reps) * 1e3
                 out.append({"bs": bs, "rows": rows, "prefix": args.prefix, "scatter": args.scatter,

@@ -94,7 +94,7 @@ at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, c
   const float sc = static_cast<float>(scale);
   const bool avx = dflash_cpu::has_avx2_fma();
   // bf16 on native bf16 dot products where the CPU has them (head dims of 32, 64, 128)
-  const bool dp = dflash_cpu::has_avx512_bf16() && q.scalar_type() == at::kBFloat16 && (D == 32 || D == 64 || D == 128);
+  [[maybe_unused]] const bool dp = dflash_cpu::has_avx512_bf16() && q.scalar_type() == at::kBFloat16 && (D == 32 || D == 64 || D == 128);
   auto run = [&](auto* tag) {  // float32 or bfloat16 only (checked above): no kernel for other dtypes
     using scalar_t = std::remove_pointer_t<decltype(tag)>;
     const scalar_t *qp = qc.data_ptr<scalar_t>(), *kp = kc.data_ptr<scalar_t>(), *vp = vc.data_ptr<scalar_t>();
