@@ -6,7 +6,8 @@ model's EOS), tok/s = new tokens / wall clock with prefill:
 - `llama.cpp-bf16-t1`, `llama.cpp-bf16-t2`: llama-cpp-python (the same model converted to GGUF in
   bf16) with one and two threads;
 - `plain`: SGLang without speculation; `adaptive`: our DFLASH server (the shipped drafter). Both get
-  the scheduler flags of `make bench` and run with one OpenMP thread, as `make serve` does.
+  the scheduler flags of `make bench` and run their forward on every core, as `make serve` does
+  (srt/cpu_threads.py); a `-t<N>` suffix pins N threads (`adaptive-t1`).
 Speedups are paired within a repeat against `llama.cpp-bf16-t1`; arms run ABBA over repeats.
 
 The peer is built on first use and cached under ~/.cache/sglang_dflash/peer (about 10 minutes on 2
@@ -34,7 +35,7 @@ from real_bench import heldout_prompts, run, warm_up  # noqa: E402
 LLAMA_CPP_PYTHON = "0.3.36"
 PEER = os.path.join(os.path.expanduser("~"), ".cache", "sglang_dflash", "peer")
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-ARMS = ["llama.cpp-bf16-t1", "llama.cpp-bf16-t2", "plain", "adaptive"]
+ARMS = ["llama.cpp-bf16-t1", "llama.cpp-bf16-t2", "plain", "adaptive-t1", "adaptive"]
 
 
 def sh(cmd: list[str], **kw) -> None:

@@ -152,13 +152,14 @@ def arm(name: str, draft: str, extra: list[str], match_sched: bool):
     chosen by the controller.
     A `+<rule>` suffix (e.g. `fixed16+q1`) sets the DFlash 1 proposal rule for sampled requests;
     an `@DIR` suffix (e.g. `adaptive@/path/drafter`) serves another drafter; a `-t<N>` suffix (e.g.
-    `adaptive-t2`) runs the server with N OpenMP threads (OMP_NUM_THREADS; the CPU default is 1)."""
+    `adaptive-t2`) runs the server's forward on N OpenMP threads (SGLANG_DFLASH_CPU_THREADS; the CPU
+    default is the rank's cores)."""
     from sglang_dflash import env
 
     base, _, threads = name.rpartition("-t")
     if base and threads.isdigit():
         d, flags, environ = arm(base, draft, extra, match_sched)
-        return d, flags, {**environ, "OMP_NUM_THREADS": threads}
+        return d, flags, {**environ, env.CPU_THREADS.name: threads}
     if "+" in name:
         base, rule = name.split("+", 1)
         if rule not in env.PROPOSAL.choices:

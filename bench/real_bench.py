@@ -187,7 +187,7 @@ def collate(runs, prov, argv, match_sched, max_new, baseline="plain"):
                 "ttft_p99": pct(ttft, 0.99),
                 "itl_p50": pct(itl, 0.5),
                 "itl_p99": pct(itl, 0.99),
-                **provenance.row_fields(prov, argv, cfg, match_sched),
+                **provenance.row_fields(prov, argv, cfg, match_sched, baseline),
             }
         )
     return rows

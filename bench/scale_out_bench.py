@@ -1,7 +1,7 @@
 """Scale-out layouts side by side in one run: which one should a CPU user pick?
 
 On the embedded model (bf16), plain and DFLASH (adaptive) each in three layouts of the same cores:
-`one` (one server, OMP_NUM_THREADS = all cores), `dp` (one server, --dp-size N: SGLang's
+`one` (one server, its forward on all cores: the default, srt/cpu_threads.py), `dp` (one server, --dp-size N: SGLang's
 data-parallel controller, one thread per rank) and `smg` (N single-thread servers behind SMG,
 sglang_dflash/replicas.py's router flags), at concurrency 8 / 16 / 32, temperature 0, the held-out
 prompts of real_bench. Output tokens per second over the wall clock of each row; rows appended to
@@ -37,7 +37,7 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "s
 def layout(name, model, draft, n, extra):
     cores = os.cpu_count() or 1
     if name == "one":
-        with launch(model, draft, "bfloat16", extra=extra, env={"OMP_NUM_THREADS": str(cores)}, name="scale-one") as s:
+        with launch(model, draft, "bfloat16", extra=extra, name="scale-one") as s:
             yield s.url, [s.url]
     elif name == "dp":  # plain runs sglang.launch_server directly: give both arms the rank binding
         env = {"SGLANG_CPU_OMP_THREADS_BIND": cpu_binding(n, cores)}

@@ -1,6 +1,8 @@
 """Forced acceptance: a target whose every output the drafter predicts gives tau == the verify width
 (the block size by default, any W when pinned with SGLANG_DFLASH_WIDTH)."""
 
+import os
+
 import pytest
 
 from sglang_dflash import env as dflash_env
@@ -38,6 +40,7 @@ def test_forced_acceptance_full_blocks(pair, width):
         hist = o["meta_info"]["spec_correct_drafts_histogram"]
         assert hist[W - 1] == steps - 1 and hist[W - 2] == 1 and sum(hist) == steps
     assert state["width_steps"] == {str(W): state["draft_steps"]}, state
+    assert state["threads"] == len(os.sched_getaffinity(0)), state  # srt/cpu_threads.py: every core
 
 
 @pytest.mark.server

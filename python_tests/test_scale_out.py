@@ -124,6 +124,7 @@ def test_router_serves_losslessly_across_both_workers(pair_models, replicas):
     assert [o["output_ids"] for o in outs] == refs
     assert len(chunks) > 1, "streaming through the router sent one chunk"
     assert all(s["draft_steps"] > 0 for s in states), f"a worker got no requests: {states}"
+    assert all(s["threads"] == max(1, (os.cpu_count() or 1) // 2) for s in states), states  # its share
     for i, text in enumerate(metrics):
         rows = [ln for ln in text.splitlines() if ln.startswith("sglang:dflash_drafts")]
         assert rows and all(f'worker="replica-{i}"' in ln for ln in rows), rows[:2]
@@ -165,5 +166,6 @@ def test_dp_size_2_in_one_server_is_lossless_and_both_ranks_draft(pair_models):
     assert [o["output_ids"] for o in outs] == refs
     ranks = [s["dflash"] for s in states]
     assert len(ranks) == 2 and all(r["draft_steps"] > 0 for r in ranks), ranks
+    assert all(r["threads"] == max(1, (os.cpu_count() or 1) // 2) for r in ranks), ranks  # its share
     drafts = [ln for ln in metrics.splitlines() if ln.startswith("sglang:dflash_drafts_total")]
     assert {ln.split('dp_rank="')[1].split('"')[0] for ln in drafts} == {"0", "1"}, drafts

@@ -4,7 +4,9 @@ One definition for every user: `launch.py` (server defaults), `offline.py` and `
 (`sglang.Engine`), the test servers (testing/servers.py) and engine run, and the Makefile (`python cpu_serving.py`
 prints the environment, nothing when a CUDA device is visible). Plain Python: runnable before the package is installed.
 
-OMP_NUM_THREADS=1: two spinning OpenMP threads on 2 cores make a small linear 100x slower.
+OMP_NUM_THREADS=1 for every process (two spinning OpenMP threads on 2 cores beside another busy
+process make a small linear 100x slower); each scheduler then runs its forward on its rank's cores
+(srt/cpu_threads.py, SGLANG_DFLASH_CPU_THREADS).
 max_total_tokens: SGLang's default KV pool takes 70% of RAM.
 sleep_on_idle: an idle scheduler otherwise polls its sockets nonstop, a whole core of a 2-core host
 (measured: 10.1 core-seconds in 10 idle seconds without it, 0.14 with it).

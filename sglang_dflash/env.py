@@ -121,6 +121,14 @@ FORK_START = EnvVar(
     "CPU: fork SGLang's scheduler and detokenizer from the launching process instead of spawning "
     "them (they skip re-importing SGLang: a tiny-model server is healthy in ~20 s instead of ~33 s); 0: spawn",
 )
+CPU_THREADS = EnvVar(
+    "SGLANG_DFLASH_CPU_THREADS",
+    int,
+    0,
+    "CPU: OpenMP threads of each scheduler's forward (srt/cpu_threads.py): 0 = the cores its rank is bound "
+    "to (SGLang's SGLANG_CPU_OMP_THREADS_BIND or NUMA node, within the process's affinity), N = N; the "
+    "launching, tokenizer and detokenizer processes keep OMP_NUM_THREADS=1",
+)
 PROFILE_BUDGET = EnvVar(
     "SGLANG_DFLASH_PROFILE_BUDGET",
     int,

@@ -8,7 +8,8 @@ Registers, lazily and idempotently:
 - a request check that refuses sampling features our verify does not reproduce exactly yet;
 - CPU tensor parallelism (gloo groups without NCCL); a 400 for empty or out-of-vocabulary prompts;
 - where a grammar ends inside a verified run, the same tokens and finish as plain decoding;
-- on CPU, subprocesses forked rather than spawned (srt/fork_start.py: a faster start);
+- on CPU, subprocesses forked rather than spawned (srt/fork_start.py: a faster start), and each
+  scheduler's forward on its rank's cores (srt/cpu_threads.py);
 - a DFLASH server's bf16 GEMMs, rotary embedding and RMSNorm on CPU through our kernels
   (srt/cpu_linear.py), its Llama layer stack for decode and verify steps in one loop (srt/llama_stack.py).
 """
@@ -58,7 +59,11 @@ def register():
     HookRegistry.register(
         "sglang.srt.managers.schedule_batch.Req.update_finish_state", hooks.update_finish_state, HookType.AROUND
     )
-    from sglang_dflash.srt import cpu_linear, fork_start, llama_stack
+    from sglang_dflash.srt import cpu_linear, cpu_threads, fork_start, llama_stack
+
+    HookRegistry.register(
+        "sglang.srt.distributed.bootstrap._init_cpu_threads_env", cpu_threads.init_cpu_threads_env, HookType.AROUND
+    )
 
     HookRegistry.register(
         "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply", cpu_linear.linear_apply, HookType.AROUND

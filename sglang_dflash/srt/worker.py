@@ -160,7 +160,15 @@ class DFlashWorker(BaseSpecWorker):
         if self.verify_widths is not None:
             graphs["verify_graphs"] = dict(self.verify_widths.counts)
         stack = {"target_stack": dict(llama_stack.counts)}
-        return {"draft_steps": self.draft_steps, "draft_failures": self.draft_failures, **width, **graphs, **stack}
+        threads = {"threads": torch.get_num_threads()}  # the forward's OpenMP threads (srt/cpu_threads.py)
+        return {
+            "draft_steps": self.draft_steps,
+            "draft_failures": self.draft_failures,
+            **width,
+            **graphs,
+            **stack,
+            **threads,
+        }
 
     def _prefill(self, batch, on_publish):
         self._step_cost = None  # a prefill runs between: the gap is not the last decode step's

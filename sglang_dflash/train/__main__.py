@@ -165,9 +165,11 @@ def main(argv=None):
             argv_gen += ["--min-train-minutes", "0", "--export-margin-minutes", "0", "--shards", str(a.datagen_procs)]
             argv_gen += ["--prompts", a.prompts] + (["--exclude-docs", a.exclude_docs] if a.exclude_docs else [])
             argv_gen += ["--datagen-draft", a.datagen_draft] if a.datagen_draft else []
-            # one OpenMP thread whatever the caller exported: two spinning threads beside the
-            # features' thread on 2 cores cut datagen from 86 to 30 tokens/s (cpu_serving.py)
-            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            from sglang_dflash.env import CPU_THREADS
+
+            # one OpenMP thread whatever the caller exported, the shard's scheduler too (srt/cpu_threads.py):
+            # two spinning threads beside the features' thread on 2 cores cut datagen from 86 to 30 tokens/s
+            env = {**os.environ, "OMP_NUM_THREADS": "1", CPU_THREADS.name: "1"}
             procs = [
                 subprocess.Popen([sys.executable, "-m", "sglang_dflash.train", *argv_gen, "--shard", str(k)], env=env)
                 for k in range(a.datagen_procs)
