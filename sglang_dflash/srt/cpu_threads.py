@@ -32,7 +32,8 @@ def usable_cores() -> set[int]:
 
 
 def cores_of(bound: Union[str, Iterable[int], None]) -> set[int]:
-    """SGLang's binding of a rank: a SGLANG_CPU_OMP_THREADS_BIND entry ("0-3,8") or a NUMA node's ids."""
+    """SGLang's binding of a rank as it passes it, a cpu-list string: a SGLANG_CPU_OMP_THREADS_BIND
+    entry ("0-3,8") or its NUMA node's cpus ("0,1,2,3"); core ids also taken as a list."""
     if bound is None:
         return set()
     if not isinstance(bound, str):

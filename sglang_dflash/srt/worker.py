@@ -160,14 +160,13 @@ class DFlashWorker(BaseSpecWorker):
         if self.verify_widths is not None:
             graphs["verify_graphs"] = dict(self.verify_widths.counts)
         stack = {"target_stack": dict(llama_stack.counts)}
-        threads = {"threads": torch.get_num_threads()}  # the forward's OpenMP threads (srt/cpu_threads.py)
         return {
             "draft_steps": self.draft_steps,
             "draft_failures": self.draft_failures,
             **width,
             **graphs,
             **stack,
-            **threads,
+            "threads": torch.get_num_threads(),  # the forward's OpenMP threads (srt/cpu_threads.py)
         }
 
     def _prefill(self, batch, on_publish):
