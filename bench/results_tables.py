@@ -246,6 +246,8 @@ def step_profile() -> list[str]:
         cols = [f"{r['dtype']}{' ' + r['arm'] if r.get('arm') else ''} W={r['width']} c={r['concurrency']}" for r in rs]
         body = [[s, *[f1(r["stages_ms_per_step"].get(s, 0.0)) for r in rs]] for s in stages]
         body.append(["**step**", *[f"**{f1(r['ms_per_step'])}**" for r in rs]])
+        if all("ms_per_step_unsampled" in r for r in rs):
+            body.append(["step, no sampler running", *[f1(r["ms_per_step_unsampled"]) for r in rs]])
         out += [f"Run `{run}` ({about(rs)}); ms per decode step, pinned verify width W, concurrency c:", ""]
         out += table(["stage", *cols], body) + [""]
     return out

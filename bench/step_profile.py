@@ -4,7 +4,8 @@ SGLang's own dependency) of the scheduler process under a steady load, split int
 For each (verify width pinned, concurrency): start the embedded model's DFLASH server with
 SGLANG_DFLASH_WIDTH=W, keep `concurrency` long requests running, sample the scheduler for
 --seconds, and count decode steps from /server_info (width_steps). Each sample is charged to the
-first stage (leaf upward) whose rule matches a frame; ms/step = share x seconds / steps.
+first stage (leaf upward) whose rule matches a frame; ms/step = share x seconds / steps. The same
+window is first timed with no sampler running (`ms_per_step_unsampled`: the step a user gets).
 
 python bench/step_profile.py [--widths 1 8] [--concurrency 1 16] [--seconds 20]
 -> rows appended to bench/results/step_profile.jsonl as one run (date + commit) and a table on stdout.
@@ -87,6 +88,11 @@ def profile(srv, concurrency: int, seconds: float) -> dict:
     time.sleep(5)  # every request decoding
     pid = scheduler_pid(srv.proc.pid)
     raw = tempfile.mktemp(suffix=".txt")
+    # The same window with no sampler first: py-spy reads the scheduler's memory from a process of its
+    # own, which on a 2-core host takes CPU from the forward's second thread.
+    s0 = steps(srv.url)
+    time.sleep(seconds)
+    clean_steps = steps(srv.url) - s0
     s0 = steps(srv.url)
     spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
     subprocess.run([spy, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "200", "-f", "raw", "-o", raw,
@@ -109,6 +115,7 @@ def profile(srv, concurrency: int, seconds: float) -> dict:
         "steps": n_steps,
         "seconds": seconds,
         "ms_per_step": 1000 * seconds / max(1, n_steps),
+        "ms_per_step_unsampled": 1000 * seconds / max(1, clean_steps),
         "stages_ms_per_step": {k: 1000 * seconds * v / total / max(1, n_steps) for k, v in counts.most_common()},
         "top_leaves_ms_per_step": {k: 1000 * seconds * v / total / max(1, n_steps) for k, v in leaves.most_common(20)},
     }
@@ -170,6 +177,8 @@ def table(rows) -> str:
         if any(v >= 0.05 for v in vals):
             lines.append(f"| {s} | " + " | ".join(f"{v:.1f}" for v in vals) + " |")
     lines.append("| **step** | " + " | ".join(f"**{r['ms_per_step']:.1f}**" for r in rows) + " |")
+    if all("ms_per_step_unsampled" in r for r in rows):
+        lines.append("| step, no sampler | " + " | ".join(f"{r['ms_per_step_unsampled']:.1f}" for r in rows) + " |")
     return "\n".join(lines)
 
 
