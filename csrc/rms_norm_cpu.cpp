@@ -27,7 +27,10 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_cpu(const at::Tensor& x, const c10::
   }
   const int64_t H = x.size(-1), T = H ? x.numel() / H : 0;
   const at::Tensor xc = x.contiguous(), rc = add ? residual->contiguous() : xc;
-  const at::Tensor w = weight.to(at::kFloat).contiguous();  // `x * weight` promotes the weight to fp32
+  // `x * weight` promotes the weight to fp32: a bf16 weight is read and widened in place (exact), any
+  // other dtype converted once here.
+  const bool wb16 = weight.scalar_type() == at::kBFloat16;
+  const at::Tensor w = wb16 ? weight.contiguous() : weight.to(at::kFloat).contiguous();
   const auto f32 = x.options().dtype(at::kFloat);
   at::Tensor sum = at::empty({T, H}, f32), sq = at::empty({T, H}, f32);
   at::Tensor res_out = add ? at::empty_like(xc) : at::empty({0}, x.options());
@@ -45,13 +48,19 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_cpu(const at::Tensor& x, const c10::
     qp[i] = v * v;  // pow(2) is x * x
   }
   const at::Tensor var = at::mean(sq, {-1}, /*keepdim=*/true);  // torch's reduction: x.pow(2).mean(-1)
-  const float *vp = var.data_ptr<float>(), *wp = w.data_ptr<float>();
+  const float* vp = var.data_ptr<float>();
   bf16* op = out.data_ptr<bf16>();
   const float e = static_cast<float>(eps);
-  for (int64_t t = 0; t < T; ++t) {
-    const float r = 1.0f / std::sqrt(vp[t] + e);  // torch.rsqrt, correctly rounded both ways
-    for (int64_t h = 0; h < H; ++h) op[t * H + h] = bf16((sp[t * H + h] * r) * wp[h]);
-  }
+  const auto scale_rows = [&](const auto* wp) {
+    for (int64_t t = 0; t < T; ++t) {
+      const float r = 1.0f / std::sqrt(vp[t] + e);  // torch.rsqrt, correctly rounded both ways
+      for (int64_t h = 0; h < H; ++h) op[t * H + h] = bf16((sp[t * H + h] * r) * static_cast<float>(wp[h]));
+    }
+  };
+  if (wb16)
+    scale_rows(w.data_ptr<bf16>());
+  else
+    scale_rows(w.data_ptr<float>());
   return {out.view(x.sizes()), add ? res_out.view(x.sizes()) : res_out};
 }
 

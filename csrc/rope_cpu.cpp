@@ -14,12 +14,13 @@ using bf16 = at::BFloat16;
 
 inline float r16(float v) { return static_cast<float>(bf16(v)); }  // one bf16 rounding
 
-// x [T, heads, head_size] rows -> out, rotating the first rd dims of every head of token t.
-void rotate(const bf16* x, bf16* out, int64_t t, int64_t heads, int64_t head_size, int64_t rd, const float* cs,
-            bool neox) {
+// x: T rows of heads x head_size, row t at x + t * xs -> out [T, heads, head_size], rotating the first rd
+// dims of every head of token t.
+void rotate(const bf16* x, int64_t xs, bf16* out, int64_t t, int64_t heads, int64_t head_size, int64_t rd,
+            const float* cs, bool neox) {
   const int64_t half = rd / 2;
   for (int64_t h = 0; h < heads; ++h) {
-    const bf16* xi = x + (t * heads + h) * head_size;
+    const bf16* xi = x + t * xs + h * head_size;
     bf16* o = out + (t * heads + h) * head_size;
     for (int64_t i = 0; i < half; ++i) {
       const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
@@ -49,22 +50,48 @@ std::tuple<at::Tensor, at::Tensor> rope_qk_cpu(const at::Tensor& positions, cons
               "rope_qk: query ", query.sizes(), " and key ", key.sizes(), " must hold ", T,
               " tokens of whole heads of head_size ", head_size);
   const at::Tensor pos = positions.reshape({-1}).to(at::kLong).contiguous();
-  // cos/sin as bf16 torch sees them (`.to(x.dtype)`), widened back for the products.
-  const at::Tensor cs = cos_sin_cache.index_select(0, pos).to(at::kBFloat16).to(at::kFloat).contiguous();
-  const at::Tensor q = query.contiguous(), k = key.contiguous();
-  at::Tensor qo = at::empty_like(q), ko = at::empty_like(k);
-  if (T == 0) return {qo.view(query.sizes()), ko.view(key.sizes())};
+  // cos/sin as bf16 torch sees them (`.to(x.dtype)`), widened back for the products: gathered and
+  // rounded here for an fp32 or bf16 cache (SGLang's), through torch's ops for any other dtype.
+  at::Tensor cs;
+  const auto cache_dtype = cos_sin_cache.scalar_type();
+  if (cache_dtype == at::kFloat || cache_dtype == at::kBFloat16) {
+    const at::Tensor cc = cos_sin_cache.contiguous();
+    cs = at::empty({T, rd}, cos_sin_cache.options().dtype(at::kFloat));
+    const int64_t* pp = pos.data_ptr<int64_t>();
+    float* out = cs.data_ptr<float>();
+    for (int64_t t = 0; t < T; ++t) {
+      TORCH_CHECK(pp[t] >= 0 && pp[t] < cc.size(0), "rope_qk: position ", pp[t], " outside the cos_sin_cache's ",
+                  cc.size(0), " rows");
+      if (cache_dtype == at::kFloat) {
+        const float* row = cc.data_ptr<float>() + pp[t] * rd;
+        for (int64_t i = 0; i < rd; ++i) out[t * rd + i] = r16(row[i]);
+      } else {
+        const bf16* row = cc.data_ptr<bf16>() + pp[t] * rd;
+        for (int64_t i = 0; i < rd; ++i) out[t * rd + i] = static_cast<float>(row[i]);
+      }
+    }
+  } else {
+    cs = cos_sin_cache.index_select(0, pos).to(at::kBFloat16).to(at::kFloat).contiguous();
+  }
+  // [T, heads * head_size] views with dense rows (q and k as narrowed from the fused QKV output) are read
+  // in place; anything else is made contiguous first.
+  const auto dense_rows = [T](const at::Tensor& x) { return x.dim() == 2 && x.size(0) == T && x.stride(1) == 1; };
+  const at::Tensor q = dense_rows(query) ? query : query.contiguous();
+  const at::Tensor k = dense_rows(key) ? key : key.contiguous();
+  at::Tensor qo = at::empty(query.sizes(), query.options()), ko = at::empty(key.sizes(), key.options());
+  if (T == 0) return {qo, ko};
   const int64_t hq = q.numel() / (T * head_size), hk = k.numel() / (T * head_size);
+  const int64_t qs = dense_rows(q) ? q.stride(0) : hq * head_size, ks = dense_rows(k) ? k.stride(0) : hk * head_size;
   const float* csp = cs.data_ptr<float>();
   const bf16 *qp = q.data_ptr<bf16>(), *kp = k.data_ptr<bf16>();
   bf16 *qop = qo.data_ptr<bf16>(), *kop = ko.data_ptr<bf16>();
   at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      rotate(qp, qop, t, hq, head_size, rd, csp + t * rd, neox);
-      rotate(kp, kop, t, hk, head_size, rd, csp + t * rd, neox);
+      rotate(qp, qs, qop, t, hq, head_size, rd, csp + t * rd, neox);
+      rotate(kp, ks, kop, t, hk, head_size, rd, csp + t * rd, neox);
     }
   });
-  return {qo.view(query.sizes()), ko.view(key.sizes())};
+  return {qo, ko};
 }
 
 TORCH_LIBRARY_IMPL(sglang_dflash, CPU, m) { m.impl("rope_qk", &rope_qk_cpu); }

@@ -112,3 +112,5 @@ def test_bad_input_names_the_argument():
         call(OPS.llama_layer, h, residual, positions, w, kc.float(), vc.float(), out_loc, slots, prefix)
     with pytest.raises(RuntimeError, match="llama_layer: h must be"):
         call(OPS.llama_layer, h.float(), residual, positions, w, kc, vc, out_loc, slots, prefix)
+    with pytest.raises(RuntimeError, match="llama_layer: out_loc .* outside the KV pool"):
+        call(OPS.llama_layer, h, residual, positions, w, kc, vc, out_loc + kc.shape[0], slots, prefix)

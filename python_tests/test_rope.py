@@ -55,6 +55,18 @@ def test_shapes_empty_opcheck_and_inputs_untouched():
     torch.library.opcheck(OPS.rope_qk, (pos, q, k, cache, 64, True))
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_strided_rows_and_any_cache_dtype_equal_the_reference(cache_dtype):
+    # q and k as the layer op hands them: narrowed from one fused [T, q + 2 kv] output, rows not dense
+    pos, q, k, cache = case(T=7, cache_dtype=cache_dtype)
+    qkv = torch.cat([q, k, torch.randn_like(k)], -1)
+    qn, kn = qkv.narrow(-1, 0, q.shape[1]), qkv.narrow(-1, q.shape[1], k.shape[1])
+    assert not qn.is_contiguous()
+    got = OPS.rope_qk(pos, qn, kn, cache, 64, True)
+    for g_, r in zip(got, rope_qk_ref(pos, q, k, cache, 64, True)):
+        assert g_.is_contiguous() and torch.equal(g_, r)
+
+
 def test_bad_input_names_the_field():
     pos, q, k, cache = case()
     with pytest.raises(RuntimeError, match="bfloat16"):
@@ -63,6 +75,8 @@ def test_bad_input_names_the_field():
         OPS.rope_qk(pos, q, k, cache[:, :63], 64, True)
     with pytest.raises(RuntimeError, match="whole heads"):
         OPS.rope_qk(pos, q[:, :100], k, cache, 64, True)
+    with pytest.raises(RuntimeError, match="rope_qk: position 512 outside"):
+        OPS.rope_qk(torch.full_like(pos, 512), q, k, cache, 64, True)
 
 
 def test_hook_routes_only_when_enabled(monkeypatch):
