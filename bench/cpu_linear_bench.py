@@ -1,6 +1,8 @@
 """CPU GEMMs of the embedded SmolLM2-135M target, side by side in one run: torch bf16 (what SGLang
-runs), our bf16_linear (csrc/bf16_linear_cpu.cpp, bf16 weights widened to fp32 in registers) and
-torch fp32 (fp32 weights), at the row counts of a decode step (1) and of verify steps (2..64 rows).
+runs), our bf16_linear (csrc/bf16_linear_cpu.cpp, bf16 weights widened to fp32 in registers), oneDNN
+on weights packed once (csrc/packed_linear_cpu.cpp: what the DFLASH worker runs past bf16_linear's
+rows where it packs) and torch fp32 (fp32 weights), at the row counts of a decode step (1) and of
+verify steps (2..64 rows).
 The shapes are SGLang's fused layers (qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576)
 and the LM head (576->49152); one "step" is 30 layers of the four plus the head.
 
@@ -50,11 +52,17 @@ def step_ms(rows: int, arm: str, ws: dict) -> dict:
             fn = lambda: [torch.nn.functional.linear(x, w) for w in ws[name]]  # noqa: E731
         elif arm == "ours_bf16":
             fn = lambda: [ops.bf16_linear(x, w, None) for w in ws[name]]  # noqa: E731
+        elif arm == "packed_bf16":
+            fn = lambda: [ops.packed_linear(x, w, None) for w in ws[name]]  # noqa: E731
         else:
             xf = x.float()
             fn = lambda: [torch.nn.functional.linear(xf, w) for w in ws[name]]  # noqa: E731
         per[name] = timeit(fn, "cpu", reps=5) * 1e3
     return per
+
+
+def ops_pack(w, rows: int) -> bool:
+    return bool(kernels.ops().pack_linear(w, rows))
 
 
 def main():
@@ -68,10 +76,13 @@ def main():
     flops_per_row = 2 * sum(k * n * (1 if s == "lm_head" else LAYERS) for s, (k, n) in SHAPES.items())
     rows_out, w16 = [], weights(torch.bfloat16)
     w32 = {k: [w.float() for w in v] for k, v in w16.items()}
-    print("| rows | torch bf16 ms | ours bf16 ms | torch fp32 ms | ours / torch bf16 | ours GFLOP/s |")
-    print("|---|---|---|---|---|---|")
+    packed = all(ops_pack(w, 64) for ws in w16.values() for w in ws)
+    print(f"| rows | torch bf16 ms | ours bf16 ms | packed bf16 ms (packed: {packed}) | torch fp32 ms | "
+          "ours / torch bf16 | ours GFLOP/s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    names = ("torch_bf16", "ours_bf16", "packed_bf16", "torch_fp32")
     for m in args.rows:
-        arms = {a: step_ms(m, a, w32 if a == "torch_fp32" else w16) for a in ("torch_bf16", "ours_bf16", "torch_fp32")}
+        arms = {a: step_ms(m, a, w32 if a == "torch_fp32" else w16) for a in names}
         total = {a: sum(v.values()) for a, v in arms.items()}
         gflops = flops_per_row * m / (total["ours_bf16"] / 1e3) / 1e9
         rows_out.append(
@@ -82,12 +93,14 @@ def main():
                 "by_layer_ms": {a: {k: round(t, 3) for k, t in v.items()} for a, v in arms.items()},
                 "speedup_vs_torch_bf16": round(total["torch_bf16"] / total["ours_bf16"], 2),
                 "ours_gflops": round(gflops, 1),
+                "packed": packed,
                 "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                 **{k: prov[k] for k in ("commit", "dirty", "time", "host")},
             }
         )
         print(
-            f"| {m} | {total['torch_bf16']:.1f} | {total['ours_bf16']:.1f} | {total['torch_fp32']:.1f} | "
+            f"| {m} | {total['torch_bf16']:.1f} | {total['ours_bf16']:.1f} | {total['packed_bf16']:.1f} | "
+            f"{total['torch_fp32']:.1f} | "
             f"{total['torch_bf16'] / total['ours_bf16']:.2f}x | {gflops:.1f} |",
             flush=True,
         )
@@ -98,7 +111,7 @@ def main():
     import matplotlib.pyplot as plt
 
     xs = [r["rows"] for r in rows_out]
-    for a in ("torch_bf16", "ours_bf16", "torch_fp32"):
+    for a in names:
         plt.plot(xs, [r[f"{a}_ms"] for r in rows_out], marker="o", label=a)
     plt.xscale("log", base=2)
     plt.yscale("log")

@@ -31,6 +31,11 @@ import provenance  # noqa: E402
 from sglang_dflash import kernels  # noqa: E402  (before gpu_check, which puts this checkout first on the path)
 from sglang_dflash.kernels.reference import rope_cos_sin_cache  # noqa: E402
 from sglang_dflash.srt import cpu_linear  # noqa: E402
+
+try:
+    from sglang_dflash.srt import packed_weights  # an arm's build from before it has none
+except ImportError:
+    packed_weights = None
 from gpu_check import timeit  # noqa: E402  (the timing code of every bench here)
 
 OUT = os.path.join(ROOT, "bench", "results", "layer_stack.jsonl")
@@ -130,6 +135,10 @@ def measure(args) -> list[dict]:
     cpu_linear.enable("cpu", torch.bfloat16)  # the served routing: GEMMs past its row bound take torch's
     ops, g = kernels.ops(), torch.Generator().manual_seed(0)
     layers, norm, head = model(g)
+    packed = False  # as the worker packs them (srt/packed_weights.py), where this arm's build has it
+    if packed_weights is not None and packed_weights.wanted(cpu_linear.amx_bf16()):
+        ws = [w[n] for w in layers for n in ("qkv_w", "o_w", "gate_up_w", "down_w")] + [head]
+        packed = packed_weights.pack_all(ws) == len(ws)
     cs = rope_cos_sin_cache(4096, D, 100000.0)
     gemm_rows = cpu_linear.gemm_rows()
     out = []
@@ -144,7 +153,7 @@ def measure(args) -> list[dict]:
                 }
                 ms = timeit(lambda: whole(ops, layers, norm, head, h0, cs, inp, gemm_rows), "cpu", reps=args.reps) * 1e3
                 out.append({"bs": bs, "rows": rows, "prefix": args.prefix, "scatter": args.scatter,
-                            "threads": args.threads, "gemm_rows": min(gemm_rows, 2**31), "whole_ms": round(ms, 3),
+                            "threads": args.threads, "gemm_rows": min(gemm_rows, 2**31), "packed": packed, "whole_ms": round(ms, 3),
                             "sum_of_parts_ms": round(sum(parts.values()), 3),
                             "parts_ms": {n: round(t, 3) for n, t in parts.items()}})  # fmt: skip
     return out

@@ -7,21 +7,20 @@ from results_tables import about, f1, f2, rows, runs, table
 
 
 def cpu_linear() -> list[str]:
-    """The target's GEMMs per step on CPU (bench/cpu_linear_bench.py): torch bf16, ours, torch fp32."""
+    """The target's GEMMs per step on CPU (bench/cpu_linear_bench.py): torch bf16, ours, oneDNN on
+    packed weights (runs since it was measured), torch fp32."""
     out = []
     for run, rs in runs(rows("cpu_linear")).items():
+        packed = all("packed_bf16_ms" in r for r in rs)
         body = [
-            [
-                str(r["rows"]),
-                f1(r["torch_bf16_ms"]),
-                f1(r["ours_bf16_ms"]),
-                f1(r["torch_fp32_ms"]),
-                f"{r['speedup_vs_torch_bf16']:.2f}x",
-            ]
+            [str(r["rows"]), f1(r["torch_bf16_ms"]), f1(r["ours_bf16_ms"])]
+            + ([f1(r["packed_bf16_ms"])] if packed else [])
+            + [f1(r["torch_fp32_ms"]), f"{r['speedup_vs_torch_bf16']:.2f}x"]
             for r in rs
         ]
+        head = ["rows", "torch bf16 ms", "ours bf16 ms"] + (["packed bf16 ms"] if packed else [])
         out += [f"Run `{run}` ({about(rs)}, {rs[0]['cpu_capability']}, {rs[0]['threads']} thread):", ""]
-        out += table(["rows", "torch bf16 ms", "ours bf16 ms", "torch fp32 ms", "ours vs torch bf16"], body) + [""]
+        out += table(head + ["torch fp32 ms", "ours vs torch bf16"], body) + [""]
     return out
 
 

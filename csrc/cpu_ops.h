@@ -9,6 +9,7 @@
 
 namespace sglang_dflash {
 at::Tensor bf16_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+at::Tensor packed_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
 }  // namespace sglang_dflash
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_cpu(const at::Tensor& x, const c10::optional<at::Tensor>& residual,

@@ -130,6 +130,9 @@ TORCH_LIBRARY(sglang_dflash, m) {
   m.def("linear_verify_accept(Tensor draft, Tensor target, Tensor prefix_lens, Tensor budget, Tensor stop_ids) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("bf16_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");  // CPU only: bf16_linear_cpu.cpp
+  m.def("pack_linear(Tensor weight, int rows) -> bool");  // CPU only: packed_linear_cpu.cpp
+  m.def("unpack_linears() -> int");
+  m.def("packed_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("rope_qk(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, bool neox) "
         "-> (Tensor, Tensor)");  // CPU only: rope_cpu.cpp
   m.def("chain_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor prefix, float scale, "

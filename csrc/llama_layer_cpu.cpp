@@ -44,7 +44,8 @@ void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& out_lo
 // residual [T, hidden] or None; positions [T]; weights as SGLang holds them ([out, in]; ln [hidden]);
 // k_cache, v_cache [S, Hkv, D] this layer's KV pool (written at out_loc [T]); slots [bs, W'] slot ids
 // by position and prefix [bs] for the chain attention (T = bs * rows); GEMMs of up to gemm_rows rows
-// run bf16_linear, more torch's linear (oneDNN), as srt/cpu_linear.py routes the layers' GEMMs ->
+// run bf16_linear, more oneDNN's (on the weight packed once where srt/packed_weights.py packed it, else
+// torch's linear), as srt/cpu_linear.py routes the layers' GEMMs ->
 // (h_out [T, hidden], the residual after the input norm's add (the layer input the model's aux
 //  capture takes), the residual after the post-attention norm's add (the next layer's residual)).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> llama_layer_cpu(
@@ -66,7 +67,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> llama_layer_cpu(
               "llama_layer: qkv weight rows ", qkv_w.size(0), " != ", q_size + 2 * kv_size, " or out_loc ",
               out_loc.numel(), " != ", T, " tokens");
   const auto gemm = [&](const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
-    return T <= gemm_rows ? sglang_dflash::bf16_linear_cpu(x, w, b) : at::linear(x, w, b);
+    return T <= gemm_rows ? sglang_dflash::bf16_linear_cpu(x, w, b) : sglang_dflash::packed_linear_cpu(x, w, b);
   };
   at::Tensor x, res_mid;
   std::tie(x, res_mid) = rms_norm_cpu(h, residual, ln1, eps);

@@ -141,7 +141,16 @@ CPU_LINEAR = EnvVar(
     "auto",
     "DFLASH servers' bf16 target GEMMs on CPU through our kernel (csrc/bf16_linear_cpu.cpp): "
     "`auto` (every GEMM where oneDNN has no native bf16; where it has, up to 3 rows, 64 with AVX512-BF16, "
-    "8 where AMX tiles serve oneDNN), `1` (every GEMM), `0` (torch's)",
+    "8 where AMX tiles serve oneDNN, 4 there with the weights packed), `1` (every GEMM), `0` (torch's)",
+    choices=("auto", "1", "0"),
+)
+CPU_PACKED = EnvVar(
+    "SGLANG_DFLASH_CPU_PACKED",
+    str,
+    "auto",
+    "DFLASH servers' bf16 target weights packed once for oneDNN (srt/packed_weights.py), for the GEMMs wider "
+    "than our kernel takes: `auto` (where the CPU has AMX bf16 tiles), `1` (wherever torch's oneDNN packs bf16), "
+    "`0` (torch's linear, which reorders the weight every call); costs a second copy of the weights",
     choices=("auto", "1", "0"),
 )
 CPU_ROPE = EnvVar(

@@ -59,7 +59,7 @@ def register():
     HookRegistry.register(
         "sglang.srt.managers.schedule_batch.Req.update_finish_state", hooks.update_finish_state, HookType.AROUND
     )
-    from sglang_dflash.srt import cpu_linear, cpu_threads, fork_start, llama_stack
+    from sglang_dflash.srt import cpu_linear, cpu_threads, fork_start, llama_stack, packed_weights
 
     HookRegistry.register(
         "sglang.srt.distributed.bootstrap._init_cpu_threads_env", cpu_threads.init_cpu_threads_env, HookType.AROUND
@@ -83,6 +83,9 @@ def register():
         "sglang.srt.layers.layernorm.RMSNorm.forward_native", cpu_linear.rms_norm_forward, HookType.AROUND
     )
     HookRegistry.register("sglang.srt.models.llama.LlamaModel.forward", llama_stack.forward, HookType.AROUND)
+    updater = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager."
+    for source in ("disk", "distributed", "tensor", "ipc"):  # packed copies follow every weight update
+        HookRegistry.register(updater + "update_weights_from_" + source, packed_weights.repack, HookType.AROUND)
     HookRegistry.register(
         "sglang.srt.entrypoints.engine._set_envs_and_config", fork_start.set_envs_and_config, HookType.AROUND
     )

@@ -2,7 +2,8 @@
 
 `torch.ops.sglang_dflash.write_draft_kv` and `torch.ops.sglang_dflash.linear_verify_accept` exist
 after `load()`; the worker calls them on every device. `bf16_linear`, `rope_qk`, `rms_norm` and `chain_attention`
-are CPU ops (the target's bf16 layers, srt/cpu_linear.py, and its verify attention, srt/verify_backend.py).
+are CPU ops (the target's bf16 layers, srt/cpu_linear.py, and its verify attention, srt/verify_backend.py);
+`pack_linear`, `unpack_linears` and `packed_linear` keep its weights packed for oneDNN (srt/packed_weights.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ SCHEMAS = {
     "linear_verify_accept": "(Tensor draft, Tensor target, Tensor prefix_lens, Tensor budget, Tensor stop_ids) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     "bf16_linear": "(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
+    "pack_linear": "(Tensor weight, int rows) -> bool",
+    "unpack_linears": "() -> int",
+    "packed_linear": "(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
     "rope_qk": "(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, bool neox) "
     "-> (Tensor, Tensor)",
     "chain_attention": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor prefix, float scale, "
@@ -38,7 +42,10 @@ SCHEMAS = {
 # Ops with a CPU kernel only: the target's bf16 GEMMs, rotary embedding and RMSNorm on a CPU
 # (srt/cpu_linear.py) and its verify attention (srt/verify_backend.py); on GPU SGLang's own kernels
 # (and FlashInfer for verify) run them.
-CPU_ONLY = frozenset({"bf16_linear", "rope_qk", "chain_attention", "rms_norm", "llama_layer"})
+CPU_ONLY = frozenset(
+    {"bf16_linear", "pack_linear", "unpack_linears", "packed_linear", "rope_qk", "chain_attention", "rms_norm",
+     "llama_layer"}
+)  # fmt: skip
 
 _state = {"loaded": False, "backend": None}
 
@@ -73,6 +80,14 @@ def _register_fakes():
     @torch.library.register_fake("sglang_dflash::bf16_linear")
     def _(x, weight, bias):
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    @torch.library.register_fake("sglang_dflash::packed_linear")
+    def _(x, weight, bias):
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    @torch.library.register_fake("sglang_dflash::pack_linear")
+    def _(weight, rows):
+        return False
 
     @torch.library.register_fake("sglang_dflash::rope_qk")
     def _(positions, query, key, cos_sin_cache, head_size, neox):

@@ -5,6 +5,8 @@ write_draft_kv: k_norm + RoPE on the context K of every drafter layer, then stor
 linear_verify_accept: longest matching prefix + bonus, cut by each request's token budget and
     stop tokens, in one call for the batch.
 bf16_linear: x @ W^T (+ b) of bf16 tensors, summed in fp32 and rounded to bf16 once (CPU only).
+pack_linear / unpack_linears / packed_linear: F.linear, on a weight packed once for oneDNN where the
+    extension packed it (CPU only; without it nothing is packed).
 rope_qk: SGLang's RotaryEmbedding.forward_native, bit for bit in bf16 (CPU only).
 chain_attention: B rows per request over its paged KV, causal (the target's verify) or not (the
     drafter's block) (CPU only).
@@ -94,6 +96,20 @@ def linear_verify_accept_ref(
     bonus = target.gather(1, (commit - 1)[:, None]).squeeze(1)
     out = torch.where(cols < commit[:, None], target, torch.full_like(target, -1))
     return accept, bonus, commit, prefix_lens + commit, out
+
+
+def pack_linear_ref(weight: torch.Tensor, rows: int) -> bool:
+    """No packing without the extension: every packed_linear is F.linear."""
+    return False
+
+
+def unpack_linears_ref() -> int:
+    return 0
+
+
+def packed_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in] @ weight [out, in]^T (+ bias): what oneDNN computes on the packed weight, bit for bit."""
+    return torch.nn.functional.linear(x, weight, bias)
 
 
 def bf16_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

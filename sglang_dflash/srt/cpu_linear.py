@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from sglang_dflash import env
+from sglang_dflash.srt import packed_weights
 
 _state = {"on": False, "rope": False, "norm": False, "max_rows": None}
 # On an AVX512-BF16 host (oneDNN native bf16), one thread, the embedded target's GEMMs a step
@@ -35,6 +36,10 @@ DOT_BF16_MAX_ROWS = 64
 # AMX (one thread, same bench, 2026-12-06) ours vs torch 17.7 vs 34.9 ms at 1 row, 24.4 vs 39.4 at 4,
 # 34.8 vs 40.5 at 8, 45.9 vs 40.8 at 12, 56.5 vs 40.8 at 16: ours up to 8 rows there.
 AMX_MAX_ROWS = 8
+# ... and with the target's weights packed once for oneDNN (srt/packed_weights.py; same bench, same host,
+# 2026-12-06) ours vs packed 13.5 vs 18.6 ms at 1 row, 19.7 vs 20.6 at 4, 31.8 vs 19.0 at 8, 62.1 vs 17.7
+# at 16: ours up to 4 rows.
+AMX_PACKED_MAX_ROWS = 4
 # rope_qk's scalar pass wins up to here; past it torch's vectorized ops do (bench/ops_bench.py, the
 # embedded target's heads; AVX2 host: 8.6x at 1 token, 2.7x at 16, 1.26x at 48, 0.7x at 128;
 # AVX512-BF16 host: 6.1x at 1, 1.69x at 16, 0.86x at 48, 0.57x at 128).
@@ -72,13 +77,15 @@ def amx_bf16() -> bool:
     return cpu_flag("amx_bf16")
 
 
-def max_rows(native: bool, dot: bool, amx: bool):
+def max_rows(native: bool, dot: bool, amx: bool, packed: bool = False):
     """The most rows a GEMM takes bf16_linear on (None: every GEMM), by where each kernel wins."""
     if not native:
         return None
     if not dot:
         return NATIVE_BF16_MAX_ROWS
-    return AMX_MAX_ROWS if amx else DOT_BF16_MAX_ROWS
+    if amx:
+        return AMX_PACKED_MAX_ROWS if packed else AMX_MAX_ROWS
+    return DOT_BF16_MAX_ROWS
 
 
 def enable(device_type: str, dtype: torch.dtype) -> bool:
@@ -89,7 +96,7 @@ def enable(device_type: str, dtype: torch.dtype) -> bool:
     auto = env.CPU_LINEAR.get() == "auto"
     rows = None
     if _state["on"] and auto:
-        rows = max_rows(native_bf16(), dot_bf16(), amx_bf16())
+        rows = max_rows(native_bf16(), dot_bf16(), amx_bf16(), packed_weights.wanted(amx_bf16()))
     _state["max_rows"] = rows
     cpu_bf16 = device_type == "cpu" and dtype == torch.bfloat16
     for key, var in (("rope", env.CPU_ROPE), ("norm", env.CPU_NORM)):
@@ -119,7 +126,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias=None) -> torch.Tensor:
     DraftHead; the target's layer stack: llama_stack.py)."""
     if gemm_fast(x, w, bias):
         return torch.ops.sglang_dflash.bf16_linear(x, w, bias)
-    return torch.nn.functional.linear(x, w, bias)
+    return packed_weights.linear(x, w, bias)
 
 
 def gemm_rows() -> int:
@@ -143,6 +150,8 @@ def linear_apply(original, self, layer, x, bias=None):
     """AROUND UnquantizedLinearMethod.apply (its last branch is F.linear on CPU)."""
     if layer_fast(layer, x, bias):
         return torch.ops.sglang_dflash.bf16_linear(x, layer.weight, bias)
+    if packed_weights.on() and plain_layer(layer, x, bias):  # past bf16_linear's rows: F.linear's branch
+        return packed_weights.linear(x, layer.weight, bias)
     return original(self, layer, x, bias)
 
 
@@ -161,6 +170,8 @@ def compute_lm_head(original, self, hidden_states, lm_head, embedding_bias=None,
     )
     if plain_head and gemm_fast(hidden_states, w, None):
         return torch.ops.sglang_dflash.bf16_linear(hidden_states, w, None)
+    if plain_head and packed_weights.on() and gemm_fast(hidden_states[:0], w, None):
+        return packed_weights.linear(hidden_states, w, None)
     return original(self, hidden_states, lm_head, embedding_bias, out=out)
 
 

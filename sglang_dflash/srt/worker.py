@@ -34,7 +34,7 @@ from sglang_dflash.pipeline.draft import Proposal
 from sglang_dflash.pipeline.grammar_mask import apply_masks, chain_masks
 from sglang_dflash.pipeline.penalties import apply_penalties
 from sglang_dflash.pipeline.target_sampling import target_tokens
-from sglang_dflash.srt import cpu_linear, llama_stack, metrics as dflash_metrics, verify_widths
+from sglang_dflash.srt import cpu_linear, llama_stack, metrics as dflash_metrics, packed_weights, verify_widths
 from sglang_dflash.srt.draft_head import DraftHead
 from sglang_dflash.srt.draft_stage import draft_failed, draft_step
 from sglang_dflash.srt.graph_choice import make_step_graphs
@@ -80,6 +80,7 @@ class DFlashWorker(BaseSpecWorker):
         self.cpu_gemm = cpu_linear.enable(self.device_type, runner.dtype)  # before any forward
         if self.cpu_gemm:
             self.drafter.route_matmuls(cpu_linear.linear)
+            packed_weights.enable(runner.model, amx=cpu_linear.amx_bf16())
         llama_stack.enable(self.device_type)
         self.flashinfer_sampler = get_exec().kernel.sampling_backend in ("flashinfer", "intel_xpu")
         self.metrics = dflash_metrics.create(self.block_size)
