@@ -35,7 +35,9 @@ def decode(srv):
 
 
 @pytest.mark.server
-def test_stack_bit_identical_to_sglang_forward(pair):
+@pytest.mark.parametrize("packed", ["0", "1"])
+def test_stack_bit_identical_to_sglang_forward(pair, packed):
+    """packed: both servers with the target's weights packed for oneDNN (srt/packed_weights.py)."""
     from sglang_dflash.testing.pairs import MIXED
 
     dtype = "bfloat16"
@@ -43,11 +45,13 @@ def test_stack_bit_identical_to_sglang_forward(pair):
     extra = ["--speculative-num-draft-tokens", "8"]
     runs, states = {}, {}
     for arm, stack in (("sglang", "0"), ("stack", "auto")):
-        env = {RANDOM: "5", STACK: stack}
-        with launch(target, drafter, dtype, extra=extra, env=env, name=f"stack-{arm}-{dtype}") as srv:
+        env = {RANDOM: "5", STACK: stack, dflash_env.CPU_PACKED.name: packed}
+        with launch(target, drafter, dtype, extra=extra, env=env, name=f"stack-{arm}-{dtype}-p{packed}") as srv:
             runs[arm] = decode(srv)
             states[arm] = dflash_state(srv)["target_stack"]
     assert states["sglang"]["fused"] == 0, states
+    # the target's linear weights packed when asked, none otherwise
+    assert all((s["packed_weights"] > 0) == (packed == "1") for s in states.values()), states
     # Every decode / verify forward (B=8 rows at most) in the loop; prefills keep SGLang's.
     assert states["stack"]["fused"] > 0 and states["stack"]["sglang"] > 0, states
     # widths of up to 4 rows run each layer as one call (csrc/llama_layer_cpu.cpp), wider ones the loop

@@ -8,8 +8,10 @@ GEMMs a step): 40 / 52 / 72 ms at 16 / 64 / 128 rows -> 24 / 35 / 52. The cost i
 the target's linear weights in memory. After SGLang updates the weights (from disk, tensors, IPC or
 a distributed group) the worker packs them again (plugin.py's hooks); a weight not packed takes
 torch's linear, never a stale copy.
-SGLANG_DFLASH_CPU_PACKED: auto (where the CPU has AMX bf16 tiles, where it was measured), 1 (wherever
-torch's oneDNN packs bf16), 0 (off).
+SGLANG_DFLASH_CPU_PACKED=1 turns it on (off by default: served side by side on that host, run
+`2026-12-06-c006094`, plain decoding through our worker gained 7-10% at 16 and 32 requests but the
+width controller, finding wide steps cheaper, verified 4 rows more often for fewer accepted tokens and
+served 8% fewer tokens/s at 32 requests; docs/serving.md).
 """
 
 from __future__ import annotations
@@ -26,14 +28,13 @@ PACK_ROWS = 64  # the row count oneDNN tunes the layout for: a width-4 verify of
 _state = {"model": None, "packed": 0}
 
 
-def wanted(amx: bool) -> bool:
-    v = env.CPU_PACKED.get()
-    return v == "1" or (v == "auto" and amx)
+def wanted() -> bool:
+    return env.CPU_PACKED.get() == "1"
 
 
-def enable(model: torch.nn.Module, amx: bool) -> int:
+def enable(model: torch.nn.Module) -> int:
     """At the DFLASH worker's start (its bf16 CPU GEMMs routed): pack the target when wanted."""
-    return pack(model) if wanted(amx) else 0
+    return pack(model) if wanted() else 0
 
 
 def linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -73,6 +74,11 @@ def repack(original, self, *args, **kwargs):
     if _state["model"] is not None:
         pack(_state["model"])
     return out
+
+
+def count() -> int:
+    """How many target weights are packed now."""
+    return _state["packed"]
 
 
 def on() -> bool:

@@ -80,7 +80,7 @@ class DFlashWorker(BaseSpecWorker):
         self.cpu_gemm = cpu_linear.enable(self.device_type, runner.dtype)  # before any forward
         if self.cpu_gemm:
             self.drafter.route_matmuls(cpu_linear.linear)
-            packed_weights.enable(runner.model, amx=cpu_linear.amx_bf16())
+            packed_weights.enable(runner.model)
         llama_stack.enable(self.device_type)
         self.flashinfer_sampler = get_exec().kernel.sampling_backend in ("flashinfer", "intel_xpu")
         self.metrics = dflash_metrics.create(self.block_size)
@@ -160,7 +160,7 @@ class DFlashWorker(BaseSpecWorker):
         graphs = {"graphs": dict(self.graphs.counts)} if self.graphs is not None else {}
         if self.verify_widths is not None:
             graphs["verify_graphs"] = dict(self.verify_widths.counts)
-        stack = {"target_stack": dict(llama_stack.counts)}
+        stack = {"target_stack": {**llama_stack.counts, "packed_weights": packed_weights.count()}}
         return {
             "draft_steps": self.draft_steps,
             "draft_failures": self.draft_failures,
