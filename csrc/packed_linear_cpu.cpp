@@ -73,7 +73,7 @@ at::Tensor packed_linear_cpu(const at::Tensor& x, const at::Tensor& weight, cons
         it->second.weight.scalar_type() == weight.scalar_type() && x.scalar_type() == weight.scalar_type())
       packed = it->second.packed;
   }
-  if (!packed.defined()) return at::linear(x, weight, bias);
+  if (!packed.defined() || x.dim() < 2 || x.numel() == 0) return at::linear(x, weight, bias);
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   torch::jit::Stack stack{x.contiguous(),
                           packed,

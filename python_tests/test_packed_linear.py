@@ -39,6 +39,8 @@ def test_packed_is_f_linear_bit_for_bit(rows):
     assert torch.equal(OPS.packed_linear(x, w, b), torch.nn.functional.linear(x, w, b))
     x3 = torch.randn(3, rows, 64).bfloat16()
     assert torch.equal(OPS.packed_linear(x3, w, b), torch.nn.functional.linear(x3, w, b))
+    for odd in (x[0], x[:0]):  # one row as a vector, no rows: torch's linear
+        assert torch.equal(OPS.packed_linear(odd, w, b), torch.nn.functional.linear(odd, w, b))
 
 
 def test_unpacked_and_other_weights_fall_back_and_opcheck():
