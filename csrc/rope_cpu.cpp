@@ -59,17 +59,17 @@ std::tuple<at::Tensor, at::Tensor> rope_qk_cpu(const at::Tensor& positions, cons
     cs = at::empty({T, rd}, cos_sin_cache.options().dtype(at::kFloat));
     const int64_t* pp = pos.data_ptr<int64_t>();
     float* out = cs.data_ptr<float>();
-    for (int64_t t = 0; t < T; ++t) {
-      TORCH_CHECK(pp[t] >= 0 && pp[t] < cc.size(0), "rope_qk: position ", pp[t], " outside the cos_sin_cache's ",
-                  cc.size(0), " rows");
-      if (cache_dtype == at::kFloat) {
-        const float* row = cc.data_ptr<float>() + pp[t] * rd;
-        for (int64_t i = 0; i < rd; ++i) out[t * rd + i] = r16(row[i]);
-      } else {
-        const bf16* row = cc.data_ptr<bf16>() + pp[t] * rd;
-        for (int64_t i = 0; i < rd; ++i) out[t * rd + i] = static_cast<float>(row[i]);
+    const auto gather = [&](const auto* cache) {  // r16 leaves a bf16 cache's values as they are
+      for (int64_t t = 0; t < T; ++t) {
+        TORCH_CHECK(pp[t] >= 0 && pp[t] < cc.size(0), "rope_qk: position ", pp[t], " outside the cos_sin_cache's ",
+                    cc.size(0), " rows");
+        for (int64_t i = 0; i < rd; ++i) out[t * rd + i] = r16(static_cast<float>(cache[pp[t] * rd + i]));
       }
-    }
+    };
+    if (cache_dtype == at::kFloat)
+      gather(cc.data_ptr<float>());
+    else
+      gather(cc.data_ptr<bf16>());
   } else {
     cs = cos_sin_cache.index_select(0, pos).to(at::kBFloat16).to(at::kFloat).contiguous();
   }
