@@ -26,7 +26,9 @@ Appends one run to bench/results/real_bench.jsonl (`run`: date + commit); bench/
 draws real_bench.png and the docs tables from the rows.
 
 python bench/real_bench.py [--arms plain fixed<B> adaptive] [--concurrency 1 4 16 32] [--temperatures 0 1]
-                           [--repeats 2] [--no-match-sched] [--tiny]
+                           [--repeats 2] [--no-match-sched] [--tiny] [--waves 1]
+--waves N: a row sends N times its requests (c, 2c below 16, at least 6) through c clients, so at 16-32
+requests the batch stays full instead of one burst whose slowest requests decode alone at its end.
 --tiny: the tiny generated pair of `make serve-tiny` (a 2-layer drafter steered to be right part of
 the time; float32, random prompts of up to 256 tokens, concurrency 1 / 4 / 16 at temperature 0 by
 default) instead of the embedded model; appends to bench/results/tiny_bench.jsonl.
@@ -202,6 +204,7 @@ def main():
     ap.add_argument("--concurrency", type=int, nargs="+", help="default: 1 4 16 32 (1 4 16 with --tiny)")
     ap.add_argument("--temperatures", type=float, nargs="+", help="default: 0 1 (0 with --tiny)")
     ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--waves", type=int, default=1, help="rows send N x their requests: N > 1 holds the batch full")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument(
         "--unseeded", action="store_true", help="sampled requests without sampling_seed (DFlash 1 q proposal rules)"
@@ -238,7 +241,7 @@ def main():
 
         a.model = a.model or derive()
         a.draft = a.draft or shipped_drafter()
-        batch = heldout_prompts(AutoTokenizer.from_pretrained(a.model), a.requests)
+        batch = heldout_prompts(AutoTokenizer.from_pretrained(a.model), max(a.requests, 32 * a.waves))
     a.arms = a.arms or ["plain", f"fixed{read_block_size(a.draft)}", "adaptive"]
     arms = {name: provenance.arm(name, a.draft, ["--enable-metrics"], a.match_sched) for name in a.arms}
     argv = {cfg: provenance.server_argv(a.model, d, a.dtype, extra) for cfg, (d, extra, _) in arms.items()}
@@ -250,7 +253,7 @@ def main():
                 warm_up(srv, batch, a.temperatures)
                 for temp in a.temperatures:
                     for c in a.concurrency:
-                        n = min(len(batch), max(c, 2 * c if c < 16 else c, 6))
+                        n = min(len(batch), a.waves * max(c, 2 * c if c < 16 else c, 6))
                         r = {
                             "config": cfg,
                             "repeat": rep,
@@ -265,6 +268,7 @@ def main():
     rows = collate(runs, prov, argv, a.match_sched, a.max_new_tokens, baseline)
     for r in rows:
         r["env"], r["seeded"], r["ignore_eos"] = arms[r["config"]][2], not a.unseeded, a.ignore_eos
+        r["waves"] = a.waves
         if a.label:
             r["label"] = a.label
     run_name = provenance.append_rows(a.out, rows, prov)
