@@ -136,7 +136,8 @@ def measure(args) -> list[dict]:
     ops, g = kernels.ops(), torch.Generator().manual_seed(0)
     layers, norm, head = model(g)
     packed = False  # as the worker packs them (srt/packed_weights.py), where this arm's build has it
-    if packed_weights is not None and packed_weights.wanted():
+    wanted = packed_weights and packed_weights.wanted  # an older arm's takes no argument
+    if wanted and (wanted(cpu_linear.amx_bf16()) if wanted.__code__.co_argcount else wanted()):
         ws = [w[n] for w in layers for n in ("qkv_w", "o_w", "gate_up_w", "down_w")] + [head]
         packed = packed_weights.pack_all(ws) == len(ws)
     cs = rope_cos_sin_cache(4096, D, 100000.0)

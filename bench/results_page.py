@@ -192,7 +192,7 @@ def page(head_lines: list[str]) -> str:
         "",
         *soak(),
         "",
-        "## Per-step traces at concurrency 16 (`width_trace.jsonl`, `python bench/width_trace.py`)",
+        "## Per-step traces (`width_trace.jsonl`, `python bench/width_trace.py`)",
         "",
         *traces(),
         "",

@@ -94,7 +94,10 @@ def test_hooks_route_only_when_enabled(monkeypatch):
         assert cpu_linear.enable("cpu", torch.bfloat16)
         assert cpu_linear._state["max_rows"] == cpu_linear.DOT_BF16_MAX_ROWS
         monkeypatch.setattr(cpu_linear, "amx_bf16", lambda: True)  # and AMX tiles: oneDNN's sooner,
-        monkeypatch.setenv("SGLANG_DFLASH_CPU_PACKED", "1")  # sooner still on weights packed for it
+        monkeypatch.delenv("SGLANG_DFLASH_CPU_PACKED", raising=False)  # sooner still on weights packed for
+        assert cpu_linear.enable("cpu", torch.bfloat16)  # it (auto: on AMX hosts)
+        assert cpu_linear._state["max_rows"] == cpu_linear.AMX_PACKED_MAX_ROWS
+        monkeypatch.setenv("SGLANG_DFLASH_CPU_PACKED", "1")
         assert cpu_linear.enable("cpu", torch.bfloat16)
         assert cpu_linear._state["max_rows"] == cpu_linear.gemm_rows() == cpu_linear.AMX_PACKED_MAX_ROWS
         monkeypatch.setenv("SGLANG_DFLASH_CPU_PACKED", "0")

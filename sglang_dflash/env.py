@@ -147,11 +147,12 @@ CPU_LINEAR = EnvVar(
 CPU_PACKED = EnvVar(
     "SGLANG_DFLASH_CPU_PACKED",
     str,
-    "0",
+    "auto",
     "DFLASH servers' bf16 target weights packed once for oneDNN (srt/packed_weights.py), for the GEMMs wider "
-    "than our kernel takes (up to 4 rows then where the CPU has AMX tiles): `1` (on; a second copy of the "
-    "weights in memory), `0` (torch's linear, which reorders the weight every call)",
-    choices=("1", "0"),
+    "than our kernel takes (up to 4 rows then where the CPU has AMX tiles): `auto` (where the CPU has AMX "
+    "bf16 tiles), `1` (wherever torch's oneDNN packs bf16), `0` (torch's linear, which reorders the weight "
+    "every call); packing keeps a second copy of the weights in memory",
+    choices=("auto", "1", "0"),
 )
 CPU_ROPE = EnvVar(
     "SGLANG_DFLASH_CPU_ROPE",

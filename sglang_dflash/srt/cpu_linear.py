@@ -96,7 +96,7 @@ def enable(device_type: str, dtype: torch.dtype) -> bool:
     auto = env.CPU_LINEAR.get() == "auto"
     rows = None
     if _state["on"] and auto:
-        rows = max_rows(native_bf16(), dot_bf16(), amx_bf16(), packed_weights.wanted())
+        rows = max_rows(native_bf16(), dot_bf16(), amx_bf16(), packed_weights.wanted(amx_bf16()))
     _state["max_rows"] = rows
     cpu_bf16 = device_type == "cpu" and dtype == torch.bfloat16
     for key, var in (("rope", env.CPU_ROPE), ("norm", env.CPU_NORM)):

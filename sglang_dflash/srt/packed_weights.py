@@ -8,10 +8,10 @@ GEMMs a step): 40 / 52 / 72 ms at 16 / 64 / 128 rows -> 24 / 35 / 52. The cost i
 the target's linear weights in memory. After SGLang updates the weights (from disk, tensors, IPC or
 a distributed group) the worker packs them again (plugin.py's hooks); a weight not packed takes
 torch's linear, never a stale copy.
-SGLANG_DFLASH_CPU_PACKED=1 turns it on (off by default: served side by side on that host, run
-`2026-12-06-c006094`, plain decoding through our worker gained 7-10% at 16 and 32 requests but the
-width controller, finding wide steps cheaper, verified 4 rows more often for fewer accepted tokens and
-served 8% fewer tokens/s at 32 requests; docs/serving.md).
+SGLANG_DFLASH_CPU_PACKED: `auto` (default: where the CPU has AMX bf16 tiles, where it was measured:
+served with the batch held full at 16 and 32 requests, run `2026-12-06-2bf34dc`, every packed /
+unpacked pair >= 1.00x, width 1 +29% / +16%, adaptive +18% / +4%; docs/serving.md), `1` (wherever
+torch's oneDNN packs bf16), `0` (off).
 """
 
 from __future__ import annotations
@@ -28,13 +28,15 @@ PACK_ROWS = 64  # the row count oneDNN tunes the layout for: a width-4 verify of
 _state = {"model": None, "packed": 0}
 
 
-def wanted() -> bool:
-    return env.CPU_PACKED.get() == "1"
+def wanted(amx: bool) -> bool:
+    """amx: the CPU has AMX bf16 tiles (cpu_linear.amx_bf16())."""
+    v = env.CPU_PACKED.get()
+    return v == "1" or (v == "auto" and amx)
 
 
-def enable(model: torch.nn.Module) -> int:
+def enable(model: torch.nn.Module, amx: bool) -> int:
     """At the DFLASH worker's start (its bf16 CPU GEMMs routed): pack the target when wanted."""
-    return pack(model) if wanted() else 0
+    return pack(model) if wanted(amx) else 0
 
 
 def linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:

@@ -80,7 +80,7 @@ class DFlashWorker(BaseSpecWorker):
         self.cpu_gemm = cpu_linear.enable(self.device_type, runner.dtype)  # before any forward
         if self.cpu_gemm:
             self.drafter.route_matmuls(cpu_linear.linear)
-            packed_weights.enable(runner.model)
+            packed_weights.enable(runner.model, cpu_linear.amx_bf16())
         llama_stack.enable(self.device_type)
         self.flashinfer_sampler = get_exec().kernel.sampling_backend in ("flashinfer", "intel_xpu")
         self.metrics = dflash_metrics.create(self.block_size)
