@@ -6,7 +6,7 @@ component (each op of the layer over all 30 layers, on the same inputs). What th
 the sum of its parts is the layer op's own overhead; what a served step costs above the whole is
 serving (SGLang's scheduler, sampling, our worker), read beside `bench/step_profile.py`.
 
-python bench/layer_stack_bench.py [--rows 1 4] [--bs 1 16] [--prefix 256] [--threads 1] [--before REF]
+python bench/layer_stack_bench.py [--rows 1 4] [--bs 1 16] [--prefix 256] [--ragged] [--threads 1] [--before REF]
 --before REF: a kernel change's before/after in one run: the extension as built at git REF (a worktree
 under ~/.cache/sglang_dflash/ext/, built once per commit) and this checkout's, each arm a process of
 its own (one torch library per process), alternating ABBA over --repeat.
@@ -61,17 +61,19 @@ def model(g):
     return layers, ln(), w(VOCAB, HID)
 
 
-def step_inputs(g, bs: int, rows: int, prefix: int, scatter: bool):
-    """bs requests of `rows` chain rows after `prefix` committed tokens each, each request's slots in
-    one run (as SGLang's allocator hands them out on a fresh pool) or scattered over the pool (a long-
-    running server's free list): (positions, out_loc, slots, prefix, pools)."""
-    T, width = bs * rows, prefix + rows
+def step_inputs(g, bs: int, rows: int, prefix: int, scatter: bool, ragged: bool = False):
+    """bs requests of `rows` chain rows after `prefix` committed tokens each (ragged: spread evenly over
+    prefix/4 .. 7 prefix/4, the same mean, longest first: a served batch lists its oldest requests first),
+    each request's slots in one run (as SGLang's allocator hands them out on a fresh pool) or scattered
+    over the pool (a long-running server's free list): (positions, out_loc, slots, prefix, pools)."""
+    T, width = bs * rows, 2 * prefix + rows
     S = 2 * bs * width + 1
     order = torch.randperm(S - 1, generator=g) if scatter else torch.arange(S - 1)
     slots = (1 + order[: bs * width]).view(bs, width)
-    pre = torch.full((bs,), prefix, dtype=torch.long)
-    positions = torch.arange(prefix, prefix + rows).repeat(bs)
-    out_loc = slots[:, prefix:].reshape(T)
+    spread = torch.linspace(7 * prefix / 4, prefix / 4, bs).long()
+    pre = spread if ragged and bs > 1 else torch.full((bs,), prefix, dtype=torch.long)
+    positions = (pre[:, None] + torch.arange(rows)).reshape(T)
+    out_loc = slots.gather(1, pre[:, None] + torch.arange(rows)).reshape(T)
     pools = [(torch.randn(S, HKV, D, generator=g).bfloat16(), torch.randn(S, HKV, D, generator=g).bfloat16())
              for _ in range(LAYERS)]  # fmt: skip
     return positions, out_loc, slots, pre, pools
@@ -146,14 +148,14 @@ def measure(args) -> list[dict]:
     with torch.inference_mode():
         for bs in args.bs:
             for rows in args.rows:
-                inp = step_inputs(g, bs, rows, args.prefix, args.scatter)
+                inp = step_inputs(g, bs, rows, args.prefix, args.scatter, args.ragged)
                 h0 = torch.randn(bs * rows, HID, generator=g).bfloat16()
                 parts = {
                     n: timeit(f, "cpu", reps=args.reps) * 1e3
                     for n, f in components(ops, layers, head, h0, cs, inp).items()
                 }
                 ms = timeit(lambda: whole(ops, layers, norm, head, h0, cs, inp, gemm_rows), "cpu", reps=args.reps) * 1e3
-                out.append({"bs": bs, "rows": rows, "prefix": args.prefix, "scatter": args.scatter,
+                out.append({"bs": bs, "rows": rows, "prefix": args.prefix, "scatter": args.scatter, "ragged": args.ragged,
                             "threads": args.threads, "gemm_rows": min(gemm_rows, 2**31), "packed": packed, "whole_ms": round(ms, 3),
                             "sum_of_parts_ms": round(sum(parts.values()), 3),
                             "parts_ms": {n: round(t, 3) for n, t in parts.items()}})  # fmt: skip
@@ -181,6 +183,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--scatter", action="store_true", help="each request's KV slots scattered over the pool")
+    ap.add_argument("--ragged", action="store_true", help="requests' prefixes 7 prefix/4 .. prefix/4, longest first")
     ap.add_argument("--before", help="git ref whose extension runs as the `before` arm")
     ap.add_argument("--repeat", type=int, default=1, help="ABBA rounds of the two arms (with --before)")
     ap.add_argument("--root", default=ROOT, help=argparse.SUPPRESS)  # an arm's process: where its package is

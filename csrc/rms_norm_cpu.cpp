@@ -7,10 +7,71 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <cmath>
 #include <tuple>
+#include <type_traits>
 
 using bf16 = at::BFloat16;
+
+namespace {
+
+// c10's float -> bf16 rounding (round to nearest even, NaN -> 0x7FC0) on 16 lanes: the same bits.
+#if defined(__x86_64__)
+// GCC 12's AVX-512 intrinsics pass an _mm512_undefined_*() on purpose; -Werror would stop them.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f"))) inline void store_bf16(bf16* p, __m512 v) {
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+
+__attribute__((target("avx512f"))) inline __m512 load_bf16(const bf16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Elements [i0, i1) (a multiple of 16 long) of the widen loop below, 16 lanes a step.
+__attribute__((target("avx512f"))) void widen16(const bf16* xp, const bf16* rp, bf16* rop, float* sp, float* qp,
+                                                int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; i += 16) {
+    __m512 v = load_bf16(xp + i);
+    if (rop) {
+      v = _mm512_add_ps(v, load_bf16(rp + i));
+      store_bf16(rop + i, v);
+    }
+    _mm512_storeu_ps(sp + i, v);
+    _mm512_storeu_ps(qp + i, _mm512_mul_ps(v, v));
+  }
+}
+
+// One row of the scale loop below (H a multiple of 16), a bf16 weight.
+__attribute__((target("avx512f"))) void scale16(const float* s, float r, const bf16* w, int64_t H, bf16* o) {
+  const __m512 rv = _mm512_set1_ps(r);
+  for (int64_t h = 0; h < H; h += 16)
+    store_bf16(o + h, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(s + h), rv), load_bf16(w + h)));
+}
+#pragma GCC diagnostic pop
+#endif
+
+bool use_avx512(int64_t H) {
+#if defined(__x86_64__)
+  static const bool ok = __builtin_cpu_supports("avx512f");
+  return ok && H % 16 == 0;
+#else
+  (void)H;
+  return false;
+#endif
+}
+
+}  // namespace
 
 // x [..., H] bf16; residual: None or bf16 of x's shape; weight [H] (any float dtype) ->
 // (normed [..., H] bf16, x + residual rounded to bf16 [..., H], or an empty tensor without residual).
@@ -38,7 +99,13 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_cpu(const at::Tensor& x, const c10::
   const bf16 *xp = xc.data_ptr<bf16>(), *rp = rc.data_ptr<bf16>();
   float *sp = sum.data_ptr<float>(), *qp = sq.data_ptr<float>();
   bf16* rop = add ? res_out.data_ptr<bf16>() : nullptr;
-  for (int64_t i = 0; i < T * H; ++i) {
+  // 16 lanes a step where the CPU has AVX-512 (a served verify step normed 64 rows 61 times, ~100 us
+  // each in the scalar loop; 40 with it, the rest torch's mean and the allocations).
+  const bool v16 = use_avx512(H);
+#if defined(__x86_64__)
+  if (v16) widen16(xp, rp, rop, sp, qp, 0, T * H);
+#endif
+  for (int64_t i = v16 ? T * H : 0; i < T * H; ++i) {
     float v = static_cast<float>(xp[i]);
     if (add) {
       v += static_cast<float>(rp[i]);
@@ -54,6 +121,14 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_cpu(const at::Tensor& x, const c10::
   const auto scale_rows = [&](const auto* wp) {
     for (int64_t t = 0; t < T; ++t) {
       const float r = 1.0f / std::sqrt(vp[t] + e);  // torch.rsqrt, correctly rounded both ways
+#if defined(__x86_64__)
+      if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(wp)>>, bf16>) {
+        if (v16) {
+          scale16(sp + t * H, r, wp, H, op + t * H);
+          continue;
+        }
+      }
+#endif
       for (int64_t h = 0; h < H; ++h) op[t * H + h] = bf16((sp[t * H + h] * r) * static_cast<float>(wp[h]));
     }
   };

@@ -101,3 +101,24 @@ def test_routing_few_rows_one_dtype_unless_turned_off(monkeypatch):
     assert not attention.fused(q.bfloat16(), k, v, 1)
     monkeypatch.setenv("SGLANG_DFLASH_CPU_ATTENTION", "0")
     assert not attention.fused(q, k, v, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B", [1, 4])
+def test_any_thread_split_gives_the_same_bits(dtype, B):
+    """Units are taken longest prefix first by whichever thread is free: one and two threads, ragged
+    prefixes (their order unsorted), the same output bit for bit, causal and not."""
+    q, k, v, slots, prefix = case([5, 300, 0, 17, 200, 64, 1, 90], B, dtype=dtype, seed=7)
+    before = torch.get_num_threads()
+    try:
+        for causal in (True, False):
+            outs = []
+            for n in (1, 2):
+                torch.set_num_threads(n)
+                outs.append(OPS.chain_attention(q, k, v, slots, prefix, 0.125, causal))
+            assert torch.equal(outs[0], outs[1])
+            want = chain_attention_ref(q, k, v, slots, prefix, 0.125, causal)
+            tol = dict(rtol=0, atol=2e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+            torch.testing.assert_close(outs[1].float(), want.float(), **tol)
+    finally:
+        torch.set_num_threads(before)

@@ -50,6 +50,27 @@ def test_equals_sglang_rms_norm(T, weight_dtype, add):
             assert got[1].numel() == 0 and ref[1].numel() == 0
 
 
+@pytest.mark.parametrize("add", [True, False])
+def test_vector_path_keeps_the_bits(add):
+    """The AVX-512 loops (16 lanes, c10's rounding) on values past bf16's range once summed, infinities,
+    a NaN row, rounding ties: SGLang's norm bit for bit, NaN where it has NaN, at one and two threads."""
+    norm, before = sglang_norm(), torch.get_num_threads()
+    x, r = rows(40, seed=5)
+    x[3, :8] = torch.tensor([3.0e38, -3.0e38, float("inf"), 1.0, 1.00390625, -2.00781250, 0.0, -0.0])
+    r[3, :8] = torch.tensor([3.0e38, -3.0e38, 1.0, 0.00390625, 0.001953125, -0.0078125, -0.0, -0.0])
+    x[7, 5] = float("nan")
+    want = norm.forward_native(x.clone(), r.clone()) if add else (norm.forward_native(x.clone()),)
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            got = OPS.rms_norm(x, r if add else None, norm.weight, norm.variance_epsilon)
+            for a, b in zip(got, want):
+                assert torch.equal(a.isnan(), b.isnan())
+                assert torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_shapes_empty_opcheck_and_inputs_untouched():
     norm = sglang_norm(hidden=64)
     x, r = rows(6, hidden=64)
