@@ -13,6 +13,15 @@ inline bool has_avx2_fma() {
 #endif
 }
 
+inline bool has_avx512f() {
+#if defined(__x86_64__)
+  static const bool ok = __builtin_cpu_supports("avx512f");
+  return ok;
+#else
+  return false;
+#endif
+}
+
 inline bool has_avx512_bf16() {
 #if defined(__x86_64__)
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
