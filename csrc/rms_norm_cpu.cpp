@@ -40,10 +40,10 @@ __attribute__((target("avx512f"))) inline __m512 load_bf16(const bf16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-// Elements [i0, i1) (a multiple of 16 long) of the widen loop below, 16 lanes a step.
+// The widen loop below over n elements (a multiple of 16), 16 lanes a step.
 __attribute__((target("avx512f"))) void widen16(const bf16* xp, const bf16* rp, bf16* rop, float* sp, float* qp,
-                                                int64_t i0, int64_t i1) {
-  for (int64_t i = i0; i < i1; i += 16) {
+                                                int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
     __m512 v = load_bf16(xp + i);
     if (rop) {
       v = _mm512_add_ps(v, load_bf16(rp + i));
@@ -97,9 +97,9 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_cpu(const at::Tensor& x, const c10::
   // each in the scalar loop; ~35 with it, the rest torch's mean and the allocations).
   const bool v16 = use_avx512(H);
 #if defined(__x86_64__)
-  if (v16) widen16(xp, rp, rop, sp, qp, 0, T * H);
+  if (v16) widen16(xp, rp, rop, sp, qp, T * H);
 #endif
-  for (int64_t i = v16 ? T * H : 0; i < T * H; ++i) {
+  for (int64_t i = 0; !v16 && i < T * H; ++i) {
     float v = static_cast<float>(xp[i]);
     if (add) {
       v += static_cast<float>(rp[i]);
