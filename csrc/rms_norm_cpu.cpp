@@ -7,11 +7,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "bf16_vec.h"
 #include "cpu_features.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #include <cmath>
 #include <tuple>
@@ -21,24 +18,13 @@ using bf16 = at::BFloat16;
 
 namespace {
 
-// c10's float -> bf16 rounding (round to nearest even, NaN -> 0x7FC0) on 16 lanes: the same bits.
 #if defined(__x86_64__)
+using dflash_vec::load_bf16;
+using dflash_vec::store_bf16;
 // GCC 12's AVX-512 intrinsics pass an _mm512_undefined_*() on purpose; -Werror would stop them.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-__attribute__((target("avx512f"))) inline void store_bf16(bf16* p, __m512 v) {
-  const __m512i b = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
-}
-
-__attribute__((target("avx512f"))) inline __m512 load_bf16(const bf16* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
 
 // The widen loop below over n elements (a multiple of 16), 16 lanes a step.
 __attribute__((target("avx512f"))) void widen16(const bf16* xp, const bf16* rp, bf16* rop, float* sp, float* qp,

@@ -8,6 +8,9 @@
 
 #include <tuple>
 
+#include "bf16_vec.h"
+#include "cpu_features.h"
+
 namespace {
 
 using bf16 = at::BFloat16;
@@ -32,6 +35,42 @@ void rotate(const bf16* x, int64_t xs, bf16* out, int64_t t, int64_t heads, int6
     for (int64_t i = rd; i < head_size; ++i) o[i] = xi[i];
   }
 }
+
+#if defined(__x86_64__)
+using dflash_vec::load_bf16;
+using dflash_vec::round_bf16;
+using dflash_vec::store_bf16;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// rotate for the neox style with half a multiple of 16, 16 pairs a step: the same products, sums and
+// roundings lane by lane (a served 4-row verify of 32 requests spent ~10 ms a step in the scalar loop).
+__attribute__((target("avx512f"))) void rotate16(const bf16* x, int64_t xs, bf16* out, int64_t t, int64_t heads,
+                                                 int64_t head_size, int64_t rd, const float* cs) {
+  const int64_t half = rd / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    const bf16* xi = x + t * xs + h * head_size;
+    bf16* o = out + (t * heads + h) * head_size;
+    for (int64_t i = 0; i < half; i += 16) {
+      const __m512 x1 = load_bf16(xi + i), x2 = load_bf16(xi + half + i);
+      const __m512 c = _mm512_loadu_ps(cs + i), s = _mm512_loadu_ps(cs + half + i);
+      store_bf16(o + i, _mm512_sub_ps(round_bf16(_mm512_mul_ps(x1, c)), round_bf16(_mm512_mul_ps(x2, s))));
+      store_bf16(o + half + i, _mm512_add_ps(round_bf16(_mm512_mul_ps(x2, c)), round_bf16(_mm512_mul_ps(x1, s))));
+    }
+    for (int64_t i = rd; i < head_size; ++i) o[i] = xi[i];
+  }
+}
+
+// One position's cos | sin row as the rotation reads it: rounded to bf16 (exact for a bf16 cache).
+__attribute__((target("avx512f"))) void cos_sin16(const float* row, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(out + i, round_bf16(_mm512_loadu_ps(row + i)));
+}
+__attribute__((target("avx512f"))) void cos_sin16(const bf16* row, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(out + i, load_bf16(row + i));
+}
+#pragma GCC diagnostic pop
+#endif
 
 }  // namespace
 
@@ -59,10 +98,17 @@ std::tuple<at::Tensor, at::Tensor> rope_qk_cpu(const at::Tensor& positions, cons
     cs = at::empty({T, rd}, cos_sin_cache.options().dtype(at::kFloat));
     const int64_t* pp = pos.data_ptr<int64_t>();
     float* out = cs.data_ptr<float>();
+    const bool v16_cs = rd % 16 == 0 && dflash_cpu::has_avx512f();
     const auto gather = [&](const auto* cache) {  // r16 leaves a bf16 cache's values as they are
       for (int64_t t = 0; t < T; ++t) {
         TORCH_CHECK(pp[t] >= 0 && pp[t] < cc.size(0), "rope_qk: position ", pp[t], " outside the cos_sin_cache's ",
                     cc.size(0), " rows");
+#if defined(__x86_64__)
+        if (v16_cs) {
+          cos_sin16(cache + pp[t] * rd, out + t * rd, rd);
+          continue;
+        }
+#endif
         for (int64_t i = 0; i < rd; ++i) out[t * rd + i] = r16(static_cast<float>(cache[pp[t] * rd + i]));
       }
     };
@@ -85,8 +131,16 @@ std::tuple<at::Tensor, at::Tensor> rope_qk_cpu(const at::Tensor& positions, cons
   const float* csp = cs.data_ptr<float>();
   const bf16 *qp = q.data_ptr<bf16>(), *kp = k.data_ptr<bf16>();
   bf16 *qop = qo.data_ptr<bf16>(), *kop = ko.data_ptr<bf16>();
+  const bool v16 = neox && (rd / 2) % 16 == 0 && dflash_cpu::has_avx512f();
   at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
+#if defined(__x86_64__)
+      if (v16) {
+        rotate16(qp, qs, qop, t, hq, head_size, rd, csp + t * rd);
+        rotate16(kp, ks, kop, t, hk, head_size, rd, csp + t * rd);
+        continue;
+      }
+#endif
       rotate(qp, qs, qop, t, hq, head_size, rd, csp + t * rd, neox);
       rotate(kp, ks, kop, t, hk, head_size, rd, csp + t * rd, neox);
     }

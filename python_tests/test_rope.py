@@ -143,3 +143,25 @@ def test_plugin_hook_reaches_the_rotary_embedding_sglang_runs(monkeypatch):
         cpu_linear.enable("cpu", torch.float32)
     assert any(e.name == "sglang_dflash::rope_qk" for e in prof.events())
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
+def test_vector_path_keeps_the_bits(cache_dtype):
+    """The AVX-512 rotation (neox, 16 pairs a step, c10's rounding) on products past bf16's range,
+    infinities, a NaN, rounding ties, a partial rotary dim: the reference bit for bit, NaN where it has
+    NaN, at one and two threads and on more tokens than one thread's share."""
+    before = torch.get_num_threads()
+    for rd in (64, 32):
+        pos, q, k, cache = case(T=40, rd=rd, cache_dtype=cache_dtype, seed=3)
+        q[2, :6] = torch.tensor([3.0e38, -3.0e38, float("inf"), 1.00390625, -2.0078125, 0.0])
+        q[2, 32:38] = torch.tensor([3.0e38, 3.0e38, 1.0, 0.00390625, -0.0078125, -0.0])
+        k[5, 7] = float("nan")
+        want = rope_qk_ref(pos, q, k, cache, 64, True)
+        try:
+            for n in (1, 2):
+                torch.set_num_threads(n)
+                for a, b in zip(OPS.rope_qk(pos, q, k, cache, 64, True), want):
+                    assert torch.equal(a.isnan(), b.isnan()) and a.isnan().any() == (b is want[1])
+                    assert torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+        finally:
+            torch.set_num_threads(before)

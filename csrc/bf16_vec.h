@@ -1,0 +1,44 @@
+// bf16 <-> fp32 on 16 AVX-512 lanes with c10's rounding (round to nearest even, NaN -> 0x7FC0), for
+// the CPU ops that keep torch's bf16 rounding points bit for bit (rms_norm, rope_qk). Only called
+// where dflash_cpu::has_avx512f() (cpu_features.h); nothing here off x86-64.
+#pragma once
+
+#if defined(__x86_64__)
+#include <ATen/ATen.h>
+#include <immintrin.h>
+
+namespace dflash_vec {
+
+using bf16 = at::BFloat16;
+
+// GCC 12's AVX-512 intrinsics pass an _mm512_undefined_*() on purpose; -Werror would stop them.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// The 16 bf16 bit patterns c10's float -> bf16 gives v's lanes, in the low halves of 32-bit lanes.
+__attribute__((target("avx512f"))) inline __m512i to_bf16_bits(__m512 v) {
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+}
+
+// v rounded to bf16 and widened back: what float(bf16(x)) gives each lane.
+__attribute__((target("avx512f"))) inline __m512 round_bf16(__m512 v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(to_bf16_bits(v), 16));
+}
+
+__attribute__((target("avx512f"))) inline void store_bf16(bf16* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(to_bf16_bits(v)));
+}
+
+__attribute__((target("avx512f"))) inline __m512 load_bf16(const bf16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+#pragma GCC diagnostic pop
+
+}  // namespace dflash_vec
+#endif
