@@ -95,6 +95,9 @@ at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, c
   const at::Tensor qc = q.contiguous(), kc = k_cache.contiguous(), vc = v_cache.contiguous();
   const float sc = static_cast<float>(scale);
   const bool avx = dflash_cpu::has_avx2_fma();
+  // Head dim 64 with more than 4 query rows a (request, KV head) (a 4-row verify's 12 at 3 query heads a
+  // KV head): 6 rows a pass, so 12 rows walk the keys twice, not three times (the registers hold 6).
+  [[maybe_unused]] const bool wide = B * (H / Hkv) > 4;
   // bf16 on native bf16 dot products where the CPU has them (head dims of 32, 64, 128)
   [[maybe_unused]] const bool dp = dflash_cpu::has_avx512_bf16() && q.scalar_type() == at::kBFloat16 && (D == 32 || D == 64 || D == 128);
   auto run = [&](auto* tag) {  // float32 or bfloat16 only (checked above): no kernel for other dtypes
@@ -116,7 +119,8 @@ at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, c
         if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
 #if defined(__x86_64__)
           if (dp) {
-            const auto f = D == 32 ? avx512::attend_dp<2> : D == 64 ? avx512::attend_dp<4> : avx512::attend_dp<8>;
+            const auto f = D == 32 ? avx512::attend_dp<2> : D == 64 ? (wide ? avx512::attend_dp<4, 6> : avx512::attend_dp<4>)
+                                                                    : avx512::attend_dp<8>;
             f(qp, kp, vp, sp + i * T, pp[i], B, H, Hkv, i, w % Hkv, sc, causal, op);
             continue;
           }

@@ -80,12 +80,14 @@ inline __m512 sum16(const __m512* v) {
 constexpr int64_t DP_AHEAD = 16;  // keys ahead whose rows are prefetched (a key scores faster here than in attend)
 
 // One request i, one KV head g, as attend(); DV = D / 16 (the fp32 registers of one head row),
-// RP query rows a pass (RP * DV = 16 accumulators); D = 16 * DV and D % 32 == 0.
-template <int DV>
+// RP query rows a pass (RP * DV value accumulators, RP * D / 32 query registers); D = 16 * DV and
+// D % 32 == 0. Each row's arithmetic is the same whatever RP (its own scores, sums and accumulators
+// in key order), so RP only sets how often a (request, KV head)'s keys and values are walked.
+template <int DV, int RP = 16 / DV>
 void attend_dp(const at::BFloat16* q, const at::BFloat16* kc, const at::BFloat16* vc, const int64_t* slots,
                int64_t prefix, int64_t B, int64_t H, int64_t Hkv, int64_t i, int64_t g, float scale, bool causal,
                at::BFloat16* out) {
-  constexpr int64_t D = 16 * DV, KD = D / 32, RP = 16 / DV;
+  constexpr int64_t D = 16 * DV, KD = D / 32;
   const int64_t group = H / Hkv, L = prefix + B, R = B * group, RPAD = (R + RP - 1) / RP * RP;
   thread_local std::vector<float> s;
   s.assign(RPAD * L, 0.f);  // rows past R and keys past a row's causal end stay 0: no weight

@@ -122,3 +122,18 @@ def test_any_thread_split_gives_the_same_bits(dtype, B):
             torch.testing.assert_close(outs[1].float(), want.float(), **tol)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("B", [2, 3, 4])
+def test_rows_a_pass_leave_the_bits(causal, B):
+    """bf16, head dim 64: more than 4 query rows a (request, KV head) walk the keys 6 rows a pass (3
+    query heads a KV head, B rows), 4 rows or fewer 4 a pass. Each query head alone over a copy of its
+    KV head (one query head a KV head: B rows, the 4-row pass for B <= 4) gives the same bits."""
+    q, k, v, slots, prefix = case([5, 300, 0, 17, 200, 64], B, dtype=torch.bfloat16, seed=11)
+    got = OPS.chain_attention(q, k, v, slots, prefix, 0.125, causal)
+    for h in range(9):
+        g = h // 3
+        k1, v1 = k[:, [g]].contiguous(), v[:, [g]].contiguous()
+        one = OPS.chain_attention(q[:, [h]].contiguous(), k1, v1, slots, prefix, 0.125, causal)
+        assert torch.equal(got[:, h], one[:, 0]), h
