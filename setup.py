@@ -52,7 +52,14 @@ if os.environ.get("SGLANG_DFLASH_BUILD_EXT", "1") != "0":
 
     flags = compile_args()
     # included headers; listed so sdists ship them
-    depends = ["csrc/dflash_checks.h", "csrc/chain_attention_body.h", "csrc/chain_attention_dp.h", "csrc/cpu_features.h", "csrc/cpu_ops.h", "csrc/bf16_vec.h"]
+    depends = [
+        "csrc/dflash_checks.h",
+        "csrc/chain_attention_body.h",
+        "csrc/chain_attention_dp.h",
+        "csrc/cpu_features.h",
+        "csrc/cpu_ops.h",
+        "csrc/bf16_vec.h",
+    ]
     want_cuda = os.environ.get("FORCE_CUDA") == "1" or bool(os.environ.get("CUDA_HOME"))
     if want_cuda:
         os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list()
