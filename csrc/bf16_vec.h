@@ -1,6 +1,7 @@
 // bf16 <-> fp32 on 16 AVX-512 lanes with c10's rounding (round to nearest even, NaN -> 0x7FC0), for
-// the CPU ops that keep torch's bf16 rounding points bit for bit (rms_norm, rope_qk). Only called
-// where dflash_cpu::has_avx512f() (cpu_features.h); nothing here off x86-64.
+// the CPU ops that keep torch's bf16 rounding points bit for bit (rms_norm, rope_qk; chain_attention
+// widens its values with load_bf16). Only called where the CPU has AVX-512 (cpu_features.h); nothing
+// here off x86-64.
 #pragma once
 
 #if defined(__x86_64__)

@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "bf16_vec.h"
 #include "cpu_features.h"
 
 #if defined(__x86_64__)
