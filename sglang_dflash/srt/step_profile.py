@@ -21,6 +21,7 @@ from sglang_dflash.pipeline.block import build_block
 from sglang_dflash.pipeline.context_kv import write_context
 from sglang_dflash.pipeline.step_cost import CostTable
 from sglang_dflash.pipeline.width import WidthController, candidate_widths, load_width_config
+from sglang_dflash.srt import profile_cache
 from sglang_dflash.srt.metrics import sync
 from sglang_dflash.srt.verify_backend import dummy_verify_forward
 
@@ -65,7 +66,7 @@ def make_controller(worker) -> WidthController:
     if fixed is None and seed is None and not cycle and env.PROFILE.get():
         max_running = worker.server_args.max_running_requests or 48
         sizes = profile_batch_sizes(min(max_running, worker.model_runner.req_to_token_pool.size - 1))
-        cost = profile_costs(worker, played_widths(worker), sizes)
+        cost = profile_cache.cached_costs(worker, played_widths(worker), sizes, profile_costs)
     ctl = WidthController(block, cost, widths_for_bs, fixed=fixed, debug_seed=seed, cycle=cycle)
     logger.info("DFLASH verify width: %s, candidates by batch size %s", ctl.mode, widths_for_bs)
     return ctl
@@ -89,10 +90,10 @@ def profile_costs(
     widest W (the first call of a shape pays one-off allocations); the online correction refines it
     from real steps. The first pass runs row by row, smallest bs first, and stops before a row that
     would pass the time budget (SGLANG_DFLASH_PROFILE_BUDGET): larger batches are then extrapolated
-    linearly by the table (a 135M target in emulated bf16 on 2 cores took minutes to profile up to
-    batch 48, longer than a health check waits). The later passes are interleaved over the whole
-    measured grid (a pass per cell in a row let one slow stretch of the host inflate a whole cell:
-    batch 16 width 1 measured 120 ms at one start and 61 ms at the next) and run while the budget lasts."""
+    linearly by the table (an unbounded profile can outlast a health check's patience). The later
+    passes are interleaved over the whole measured grid (a pass per cell in a row lets one slow
+    stretch of the host inflate a whole cell) and run while the budget lasts. The result is cached
+    per host, model and settings (profile_cache.py)."""
     step = step or _dummy_step
     budget_s = env.PROFILE_BUDGET.get() if budget_s is None else budget_s
     seconds, measured = {}, []

@@ -1,0 +1,141 @@
+"""The start-up step-cost profile's cache (srt/profile_cache.py): the same key loads the stored table
+without measuring, any change to the key measures again, and a corrupt or foreign file is measured
+again and overwritten, never a crash."""
+
+import json
+import logging
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
+
+install_cpu_shims()  # without a GPU, SGLang's module-level sgl_kernel imports need these stand-ins
+import torch  # noqa: E402
+
+from sglang_dflash.pipeline.step_cost import CostTable  # noqa: E402
+from sglang_dflash.srt import profile_cache  # noqa: E402
+
+WIDTHS, SIZES = [1, 4], [1, 2, 4]
+
+
+@pytest.fixture(autouse=True)
+def cache_in_tmp(tmp_path, monkeypatch):
+    monkeypatch.setattr(profile_cache, "CACHE_DIR", str(tmp_path / "cache"))
+    for k in [k for k in os.environ if k.startswith("SGLANG_DFLASH_")]:
+        monkeypatch.delenv(k)
+
+
+def fake_worker(tmp_path, **over):
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    if not (model / "config.json").exists():
+        (model / "config.json").write_text('{"hidden_size": 64}')
+    args = SimpleNamespace(
+        model_path=str(model), speculative_draft_model_path="drafter", attention_backend="torch_native"
+    )
+    w = SimpleNamespace(
+        model_runner=SimpleNamespace(dtype=torch.bfloat16, tp_rank=0, tp_size=1),
+        server_args=args,
+        device="cpu",
+        device_type="cpu",
+        block_size=16,
+    )
+    for k, v in over.items():
+        setattr(w, k, v)
+    return w
+
+
+class Measure:
+    """A profile whose cost is (scale + bs * w) ms; counts how often it measures."""
+
+    def __init__(self, scale=1.0):
+        self.calls, self.scale = 0, scale
+
+    def __call__(self, worker, widths, sizes):
+        self.calls += 1
+        return CostTable(sizes, widths, {(b, w): (self.scale + b * w) / 1000 for b in sizes for w in widths})
+
+
+def test_same_key_loads_the_stored_table_without_measuring(tmp_path, caplog):
+    worker, measure = fake_worker(tmp_path), Measure()
+    with caplog.at_level(logging.INFO, logger="sglang_dflash"):
+        first = profile_cache.cached_costs(worker, WIDTHS, SIZES, measure)
+        assert "profile measured" in caplog.text
+        second = profile_cache.cached_costs(worker, WIDTHS, SIZES, Measure(scale=99.0))
+    assert measure.calls == 1
+    assert "profile loaded from" in caplog.text
+    assert second.table == first.table  # the stored numbers, not the second measure's
+    assert second.batch_sizes == SIZES and second.widths == WIDTHS
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda w, tmp, mp: setattr(w, "block_size", 8),
+        lambda w, tmp, mp: setattr(w.model_runner, "dtype", torch.float32),
+        lambda w, tmp, mp: setattr(w.server_args, "speculative_draft_model_path", "other-drafter"),
+        lambda w, tmp, mp: (tmp / "model" / "config.json").write_text('{"hidden_size": 128}'),
+        lambda w, tmp, mp: mp.setattr(torch, "get_num_threads", lambda: 97),
+        lambda w, tmp, mp: mp.setattr(profile_cache, "_cpu", lambda: {"flags": "other host"}),
+        lambda w, tmp, mp: mp.setattr(profile_cache, "_version", lambda dist: "9.9.9"),
+        lambda w, tmp, mp: mp.setenv("SGLANG_DFLASH_CPU_LINEAR", "0"),
+        lambda w, tmp, mp: setattr(w, "device_type", "xpu"),
+    ],
+    ids=["block", "dtype", "drafter", "model-config", "threads", "cpu", "version", "env", "device"],
+)
+def test_any_key_change_measures_again(tmp_path, monkeypatch, change):
+    worker, measure = fake_worker(tmp_path), Measure()
+    profile_cache.cached_costs(worker, WIDTHS, SIZES, measure)
+    change(worker, tmp_path, monkeypatch)
+    profile_cache.cached_costs(worker, WIDTHS, SIZES, measure)
+    assert measure.calls == 2
+
+
+def test_other_widths_or_batch_sizes_measure_again(tmp_path):
+    worker, measure = fake_worker(tmp_path), Measure()
+    profile_cache.cached_costs(worker, WIDTHS, SIZES, measure)
+    profile_cache.cached_costs(worker, [1, 2, 4], SIZES, measure)
+    profile_cache.cached_costs(worker, WIDTHS, [1, 2], measure)
+    assert measure.calls == 3
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"key": 1}', "", '{"seconds": [[1]]}'])
+def test_a_corrupt_file_is_measured_again_and_replaced(tmp_path, caplog, content):
+    worker, measure = fake_worker(tmp_path), Measure()
+    profile_cache.cached_costs(worker, WIDTHS, SIZES, measure)
+    path = profile_cache.cache_path(profile_cache.profile_key(worker, WIDTHS, SIZES))
+    with open(path, "w") as f:
+        f.write(content)
+    table = profile_cache.cached_costs(worker, WIDTHS, SIZES, measure)
+    assert measure.calls == 2
+    assert table.profiled(1, 1) == pytest.approx(0.002)
+    with open(path) as f:
+        assert json.load(f)["seconds"]  # rewritten whole
+    profile_cache.cached_costs(worker, WIDTHS, SIZES, measure)
+    assert measure.calls == 2
+
+
+def test_a_file_of_another_key_under_this_name_is_not_trusted(tmp_path):
+    worker, measure = fake_worker(tmp_path), Measure()
+    profile_cache.cached_costs(worker, WIDTHS, SIZES, measure)
+    path = profile_cache.cache_path(profile_cache.profile_key(worker, WIDTHS, SIZES))
+    with open(path) as f:
+        saved = json.load(f)
+    saved["key"]["block_size"] = 4
+    with open(path, "w") as f:
+        json.dump(saved, f)
+    profile_cache.cached_costs(worker, WIDTHS, SIZES, measure)
+    assert measure.calls == 2
+
+
+def test_an_unwritable_cache_still_serves_the_measured_profile(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setattr(profile_cache, "CACHE_DIR", str(blocker / "cache"))
+    worker, measure = fake_worker(tmp_path), Measure()
+    table = profile_cache.cached_costs(worker, WIDTHS, SIZES, measure)
+    assert table.profiled(2, 4) == pytest.approx(0.009)
+    profile_cache.cached_costs(worker, WIDTHS, SIZES, measure)
+    assert measure.calls == 2
