@@ -23,7 +23,9 @@ from sglang_dflash.testing.servers import generate_all, launch, prompts
 
 PROMPTS = prompts(8, seed=23, max_len=60)
 STEER = 42  # the steered drafter's token, made the model's second end-of-sequence id
-CASES = [{}, {"min_new_tokens": 12}, {"min_new_tokens": 20, "temperature": 1.0, "sampling_seed": 5}]
+SEEDED = {"temperature": 1.0, "sampling_seed": 5}
+# greedy, greedy with min_new_tokens, seeded with min_new_tokens, seeded without (shows the ban matters)
+CASES = [{}, {"min_new_tokens": 12}, {"min_new_tokens": 20, **SEEDED}, SEEDED]
 LOGPROBS = {"return_logprob": True, "top_logprobs_num": 3}
 SAMPLED = [
     {"temperature": 0.7, "ignore_eos": True},
@@ -127,6 +129,21 @@ def test_min_new_tokens_with_two_eos_ids_equals_plain(served):
     assert stopped, "no greedy output ended on the second eos id: the case is not exercised"
     banned = [ids for ids, _ in want[1]]
     assert all(STEER not in ids[:12] for ids in banned), "min_new_tokens did not ban the second eos id"
+
+
+@pytest.mark.server
+def test_seeded_min_new_tokens_bans_both_eos_ids_on_both_servers(served):
+    """A sampled request draws its own tokens (seeded DFLASH and plain outputs may differ), so the ban
+    is checked on each server's outputs: no end before min_new_tokens, neither eos id inside it."""
+    want, got, unprofiled, _ = served
+    early = [f for ids, f in want[3] if f["type"] == "stop" and len(ids) < 20]
+    assert early, "no seeded output ends before 20 tokens without min_new_tokens: the ban is not exercised"
+    eos = {STEER} | {f["matched"] for _, f in want[0] + want[3] if f["type"] == "stop"}
+    for name, outs in (("plain", want[2]), ("dflash", got[2]), ("dflash, no profile", unprofiled[2])):
+        short = [(ids, f) for ids, f in outs if len(ids) < 20]
+        assert not short, f"{name}: seeded outputs ended inside min_new_tokens: {short[:2]}"
+        banned = [ids for ids, _ in outs if eos & set(ids[:20])]
+        assert not banned, f"{name}: an eos id inside min_new_tokens: {banned[:2]}"
 
 
 @pytest.mark.server
