@@ -40,6 +40,8 @@ GRAMMARS = [
 CASES = [(p, g) for g in GRAMMARS for p in SAMPLES]
 SHORT = r"(yes|no)\."  # terminates after two or three tokens: inside the first verified block
 LOGPROBS = {"return_logprob": True, "top_logprobs_num": 3}
+TIE = 1e-4  # a float32 near-tie of the target: verify and decode kernels round differently
+MAX_EXCUSED = 2  # of the 14 edge cases: more near-ties than that is a bug, not rounding
 EDGES = [
     (p, g)
     for p in SAMPLES[:2]
@@ -131,35 +133,56 @@ def test_a_grammar_that_cannot_compile_is_a_4xx_and_the_server_keeps_serving(ser
 def first_difference(w, o):
     """(j, excused): the first output position where DFLASH differs from plain decoding (None if
     none) and whether it is a float32 near-tie of the target there (DFLASH took the plain run's
-    runner-up with a top-2 logprob gap < 1e-4: verify and decode kernels round differently)."""
+    runner-up with a top-2 logprob gap < TIE)."""
     a, b = w["output_ids"], o["output_ids"]
     j = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
     if j is None:
         return None, a == b
     top = w["meta_info"]["output_top_logprobs"][j]
-    return j, b[j] == top[1][1] and abs(top[0][0] - top[1][0]) < 1e-4
+    return j, b[j] == top[1][1] and abs(top[0][0] - top[1][0]) < TIE
 
 
 @pytest.mark.server
 def test_grammar_edges_end_where_plain_decoding_ends(served):
-    """Same tokens, text and finish reason as plain decoding (each edge case, batched)."""
+    """Same tokens, text and finish reason as plain decoding (each edge case, batched). A case excused
+    by a near-tie still ends the way plain decoding ends: the same finish reason and, where the grammar
+    ended it, the same token committed after the grammar's last one."""
     want, got = served["edges"]
-    ended = 0
+    ended, excused = 0, []
     for (_, g), w, o in zip(EDGES, want, got):
         j, ok = first_difference(w, o)
         assert ok, (g, j, w["text"], o["text"])
+        wf, of = w["meta_info"]["finish_reason"], o["meta_info"]["finish_reason"]
+        assert of == wf, (g, j, wf, of)
         if j is None:
             assert o["text"] == w["text"], g
-            assert o["meta_info"]["finish_reason"] == w["meta_info"]["finish_reason"], g
         else:
+            excused.append((g, j))
             print(f"{g}: excused float32 near-tie at output position {j}")
-        ended += w["meta_info"]["finish_reason"]["type"] == "stop" and len(w["output_ids"]) < 16
+        if wf["type"] == "stop" and isinstance(wf.get("matched"), int):  # ended by a token: the post-grammar one
+            assert o["output_ids"][-1] == w["output_ids"][-1], (g, w["output_ids"][-3:], o["output_ids"][-3:])
+        ended += wf["type"] == "stop" and len(w["output_ids"]) < 16
+    assert len(excused) <= MAX_EXCUSED, f"{len(excused)} near-tie excuses: {excused}"
     assert ended >= 4, "too few cases end inside the first block: the edge is not exercised"
+
+
+def same_top3(x, y):
+    """Two output_top_logprobs rows [(logprob, id, text)] x 3, descending: the same logprobs (a masked
+    token's -inf alike) and the same ids, except where a logprob is tied (within TIE) with its neighbour's."""
+    lp = [e[0] for e in x]
+    for k, (a, b) in enumerate(zip(x, y)):
+        if a[0] is None or b[0] is None or float("-inf") in (a[0], b[0]):
+            assert a[0] == b[0], (x, y)
+            continue
+        assert abs(a[0] - b[0]) < TIE, (x, y)
+        tied = any(i != k and lp[i] is not None and abs(lp[i] - lp[k]) < TIE for i in range(len(lp)))
+        assert a[1] == b[1] or tied, (x, y)
+    assert len(x) == len(y), (x, y)
 
 
 @pytest.mark.server
 def test_logprobs_under_grammars_and_penalties_equal_plain(served):
-    """Up to the first (near-tie) difference of each case: the same logprobs and top-3."""
+    """Up to the first (near-tie) difference of each case: the same logprobs and top-3 (ids included)."""
     want, got = served["edges"]
     for (_, g), w, o in zip(EDGES, want, got):
         j, _ = first_difference(w, o)
@@ -168,5 +191,7 @@ def test_logprobs_under_grammars_and_penalties_equal_plain(served):
             a, b = w["meta_info"][key][:n], o["meta_info"][key][:n]
             assert len(a) == len(b) == n, (g, key)
             for x, y in zip(a, b):
-                x, y = (x, y) if key == "output_token_logprobs" else (x[0], y[0])
-                assert abs(x[0] - y[0]) < 1e-4 and (x[1] == y[1] or key == "output_top_logprobs"), (g, key, x, y)
+                if key == "output_top_logprobs":
+                    same_top3(x, y)
+                else:
+                    assert abs(x[0] - y[0]) < TIE and x[1] == y[1], (g, key, x, y)
