@@ -14,7 +14,9 @@
 #    init), distil (--distil 0.5), shape (gamma 7, 32 anchors x 4 sequences per step), dflash2 (DFlash 2
 #    grown from it: convolutions and the path selector trained, train/dflash2.py), long (the same data
 #    plus the target's answers to long prompts: a whole installed file or document, then a question,
-#    train/long_prompts.py; several hundred to ~1,300 tokens of prompt before each answer).
+#    train/long_prompts.py; several hundred to ~1,300 tokens of prompt before each answer),
+#    distil-t1 / distil-t07 (pure distillation to the stored top-32 at T = 1 / 0.7: judged on the
+#    sampled walk, train/tempered_distil.py).
 # 4. bench/drafter_arms.py over parent + arms on the templated held-out answers and the unseen set
 #    (SKIP_WALKS=1: arms only; a later run with the same WORKDIR walks them all).
 set -euo pipefail
@@ -72,6 +74,8 @@ for arm in $ARMS; do
     grow4) $T grow --drafter "$PARENT" --num-layers 4 --grow-init copy --out "$W/grow4"
            init=$W/grow4; extra=(--num-layers 4) ;;
     distil) extra=(--distil 0.5) ;;
+    distil-t1) extra=(--distil 1.0) ;;  # pure KL(p || q) to the stored top-32: the T = 1 sampled walk's target
+    distil-t07) extra=(--distil 1.0 --distil-temperature 0.7) ;;  # the same at T = 0.7 (tempered_distil.py)
     shape) extra=(--gamma 7 --anchors 32 --seqs 4) ;;
     long) extra=(--extra-features "$W/long") ;;  # the same data plus the long-prompt answers
     dflash2) $T dflash2 --drafter "$PARENT" --out "$W/dflash2"   # identity convolutions, a zero selector

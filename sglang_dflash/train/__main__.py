@@ -74,6 +74,7 @@ def main(argv=None):
     ap.add_argument("--seqs", type=int, default=16, help="sequences per training step")
     ap.add_argument("--negatives", type=int, default=8192, help="sampled out-of-answer-vocab negatives per step")
     ap.add_argument("--distil", type=float, default=0.0, help="weight of the target's top-k distribution (0: off)")
+    ap.add_argument("--distil-temperature", type=float, default=1.0, help="--distil at this T (tempered_distil.py)")
     ap.add_argument("--gamma", type=float, default=4.0, help="loss weight of block position k: exp(-(k-1)/gamma)")
     ap.add_argument("--ckpt-minutes", type=float, default=3.0)
     ap.add_argument("--features-minutes", type=float, default=30.0, help="features stop after this")
@@ -222,6 +223,7 @@ def main(argv=None):
                 warmup=a.warmup_steps,
                 keep_draft_vocab=a.keep_draft_vocab,
                 distil=a.distil,
+                distil_temperature=a.distil_temperature,
             )
         )
     if a.stage in ("all", "export"):

@@ -29,6 +29,7 @@ from sglang_dflash.train.blocks import Seq, anchor_ids, block_hidden, block_soft
 from sglang_dflash.train.dflash2 import dflash2_fields, param_groups, selector_loss
 from sglang_dflash.train.features import load_seqs
 from sglang_dflash.train.head_loss import head_cross_entropy, soft_rows
+from sglang_dflash.train.tempered_distil import temper
 from sglang_dflash.train.target_files import drafter_config_dict, load_embedding, load_target_tensor, mask_token_id_for
 from sglang_dflash.train.warm_start import parent_vocab, warm_start
 
@@ -87,6 +88,7 @@ class TrainConfig:
     warmup: int = 60
     keep_draft_vocab: bool = False
     distil: float = 0.0
+    distil_temperature: float = 1.0  # the loss at the served temperature (tempered_distil.py)
 
 
 class _Run:
@@ -200,7 +202,8 @@ class _Run:
         if soft is not None:  # [n*k, K] head rows and their probabilities
             soft = soft_rows(soft[0].flatten(0, 1), soft[1].flatten(0, 1), self.remap)
         w = self.weights.expand(n, k).flatten()
-        loss = head_cross_entropy(hidden.reshape(n * k, h), head, tgt.flatten(), w, soft=soft, alpha=c.distil)
+        x, soft = temper(hidden.reshape(n * k, h), soft, c.distil_temperature)  # KL(p_T || q_T) at the served T
+        loss = head_cross_entropy(x, head, tgt.flatten(), w, soft=soft, alpha=c.distil)
         if self.drafter.selector is not None:  # DFlash 2: the selector's own loss (dflash2.py)
             sel_head, sel_vocab = (self.fixed_head, self.vocab) if self.dv is not None else (self.embed, None)
             sel_loss, covered = selector_loss(
@@ -226,11 +229,8 @@ class _Run:
         summary = dict(out, anchors_per_step=c.anchors * c.seqs, train_seqs=len(self.train), heldout_seqs=len(held))
         summary |= dict(gamma=c.gamma, draft_vocab=self.draft_vocab, no_text=c.no_text, init_from=c.init_from, lr=c.lr)
         summary |= dict(warmup=c.warmup, keep_draft_vocab=c.keep_draft_vocab, distil=c.distil, anchors=c.anchors)
-        summary |= dict(
-            extra_features=list(c.extra_features),
-            train_seqs_by_workdir=self.per_dir,
-            walk_seqs=min(c.walk_seqs, len(held)),
-        )
+        summary |= dict(extra_features=list(c.extra_features), train_seqs_by_workdir=self.per_dir)
+        summary |= dict(walk_seqs=min(c.walk_seqs, len(held)), distil_temperature=c.distil_temperature)
         summary |= dict(label_coverage=coverage(self.counts, self.vocab), dflash2=self.cfg.dflash2 is not None)
         return summary | dict(threads=torch.get_num_threads(), command=c.command, history=self.st["history"])
 

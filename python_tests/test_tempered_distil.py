@@ -1,0 +1,53 @@
+"""Distillation at temperature (train/tempered_distil.py): head_loss's fused cross-entropy on
+temper()'s output is CE(p_T, softmax(logits / T)) written out by hand, loss and gradient."""
+
+import pytest
+import torch
+
+from sglang_dflash.train.head_loss import head_cross_entropy
+from sglang_dflash.train.tempered_distil import temper
+
+
+def _soft(n: int, v: int, k: int, g: torch.Generator):
+    ids = torch.stack([torch.randperm(v, generator=g)[:k] for _ in range(n)])  # [N, K] distinct rows
+    p = torch.softmax(torch.randn(n, k, generator=g) * 2, -1)
+    p[0] = 0  # a row with no distribution
+    return ids, p
+
+
+@pytest.mark.parametrize("t", [0.7, 1.0, 1.5])
+def test_tempered_loss_is_the_cross_entropy_at_temperature(t):
+    g = torch.Generator().manual_seed(0)
+    n, h, v, k = 6, 8, 40, 5
+    head = torch.randn(v, h, generator=g, dtype=torch.float64)
+    hidden = torch.randn(n, h, generator=g, dtype=torch.float64, requires_grad=True)
+    ids, p = _soft(n, v, k, g)
+    targets = ids[:, 0]
+    x, (ids_t, p_t) = temper(hidden, (ids, p.double()), t)
+    loss = head_cross_entropy(x, head, targets, torch.ones(n), soft=(ids_t, p_t), alpha=1.0)
+    loss.backward()
+    got = hidden.grad.clone()
+
+    h2 = hidden.detach().clone().requires_grad_(True)
+    logq = torch.log_softmax(h2 @ head.t() / t, -1)  # [N, V]
+    pt = p.double() ** (1 / t)
+    pt = pt / pt.sum(-1, keepdim=True).clamp_min(1e-30)
+    ce = -(pt * logq.gather(1, ids)).sum(-1)
+    ce[0] = -logq[0, targets[0]]  # no distribution: the hard label alone
+    want = ce.mean()
+    want.backward()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-6)
+    assert torch.allclose(got, h2.grad, rtol=1e-5, atol=1e-8)
+
+
+def test_temper_sharpens_below_one_and_keeps_empty_rows():
+    p = torch.tensor([[0.6, 0.3, 0.1], [0.0, 0.0, 0.0]])
+    hidden = torch.ones(2, 3)
+    x, (_, cold) = temper(hidden, (torch.zeros(2, 3, dtype=torch.long), p), 0.5)
+    assert torch.allclose(x, hidden * 2)
+    assert cold[0].tolist() == pytest.approx([0.36 / 0.46, 0.09 / 0.46, 0.01 / 0.46])
+    assert cold[1].tolist() == [0.0, 0.0, 0.0]
+    _, (_, same) = temper(hidden, (torch.zeros(2, 3, dtype=torch.long), p), 1.0)
+    assert torch.allclose(same, p)
+    with pytest.raises(ValueError, match="distil-temperature"):
+        temper(hidden, (torch.zeros(2, 3, dtype=torch.long), p), 0.0)
