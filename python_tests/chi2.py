@@ -34,3 +34,31 @@ def in_support(top_logprobs, token, top_k=-1, top_p=1.0, min_p=0.0) -> bool:
     keep &= (np.cumsum(probs) - probs) <= top_p + 1e-6
     keep &= probs >= min_p * probs[0] - 1e-9
     return token in {t for t, k in zip(ids, keep) if k}
+
+
+def draws(srv, prompt, n, new, params, workers=32):
+    """n unseeded outputs of `new` tokens each (eos ignored, so every output has `new` tokens)."""
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(lambda _: srv.generate(prompt, new, ignore_eos=True, **params), range(n)))
+
+
+def outside_support(plain, prompt, vocab, ref, got, pos, params):
+    """Tokens of `got` (outputs) at output position pos that `ref` (the plain server's outputs) never
+    drew there and that the plain server's sampler cannot draw at that prefix (its logprobs over the
+    whole vocabulary), as (position, token)."""
+    bad = []
+    for i in unseen([o[pos] for o in ref], [o[pos] for o in got]):
+        out = got[i]
+        body = {
+            "input_ids": prompt + out[:pos],
+            "return_logprob": True,
+            "top_logprobs_num": vocab,
+            "sampling_params": {"max_new_tokens": 1, "temperature": params["temperature"]},
+        }
+        tops = plain.post("/generate", body).json()["meta_info"]["output_top_logprobs"][0]
+        filters = {k: v for k, v in params.items() if k in ("top_k", "top_p", "min_p")}
+        if not in_support(tops, out[pos], **filters):
+            bad.append((pos, out[pos]))
+    return bad
