@@ -136,7 +136,14 @@ def test_router_serves_losslessly_across_both_workers(pair_models, replicas):
 def test_a_worker_killed_under_load_loses_no_token(pair_models, replicas):
     target, drafter, refs, _ = pair_models
     _, w1, p1, front = replicas
-    killer = threading.Timer(4.0, lambda: os.killpg(os.getpgid(w1.proc.pid), signal.SIGKILL))
+    in_flight = []
+
+    def kill():  # what the worker holds the moment before it dies: the router sent it requests
+        loads = requests.get(w1.url + "/v1/loads", params={"include": "core"}, timeout=10).json()["loads"]
+        in_flight.append(sum(r["num_running_reqs"] + r["num_waiting_reqs"] for r in loads))
+        os.killpg(os.getpgid(w1.proc.pid), signal.SIGKILL)
+
+    killer = threading.Timer(4.0, kill)
     killer.start()
     done, errors = load(front)
     killer.join()
@@ -148,7 +155,9 @@ def test_a_worker_killed_under_load_loses_no_token(pair_models, replicas):
         while not rejoined and time.time() < deadline:
             load(front, n=16)
             rejoined = dflash_state(again)["draft_steps"] > 0
-    print(f"fault: {len(done)} completed, {len(errors)} failed with an error, {len(wrong)} wrong; errors {errors[:3]}")
+    print(f"fault: {in_flight} in flight at the kill, {len(done)} completed, {len(errors)} failed with an error")
+    print(f"{len(wrong)} wrong; errors {errors[:3]}")
+    assert in_flight and in_flight[0] > 0, f"the killed worker held no request when it died: {in_flight}"
     assert not wrong, f"silently wrong or truncated outputs: {wrong[:3]}"
     assert len(done) + len(errors) == 200 and len(done) >= 150
     assert not after_errors and all(ids == refs[i] for i, ids, _ in after), after_errors[:3]
