@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from sglang_dflash.model.config import DrafterConfig
 from sglang_dflash.model.dynamic_conv import FINISH, PREPARE, DynamicConv
-from sglang_dflash.model.rope import apply_rope, rope_cos_sin, rope_table
+from sglang_dflash.model.rope import apply_rope, grow_for, rope_cos_sin, rope_table
 from sglang_dflash.model.selector import CandidateSelector
 
 
@@ -182,6 +182,7 @@ class DFlashDrafter(nn.Module):
         """features [T, K*H], positions [T] -> K, V [L, T, kv_heads, head_dim] for every layer
         (k_norm and RoPE applied; the fused op in projection.py does the same in one call)."""
         ctx = self.project_features(features)
+        grow_for(positions, self.cfg.block_size, self.cfg.head_dim, self.cfg.rope_theta)  # and the next block's
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
         ks, vs = zip(*(layer.self_attn.context_kv(ctx, cos, sin) for layer in self.layers))
         return torch.stack(ks), torch.stack(vs)
@@ -219,8 +220,10 @@ class DFlashDrafter(nn.Module):
         return self
 
     def rope_table(self, max_pos: int, device) -> torch.Tensor:
-        """[P >= max_pos, head_dim] float32 cos|sin table: the shared one in rope.py (for the fused write)."""
-        return rope_table(max_pos, self.cfg.head_dim, self.cfg.rope_theta, device)
+        """[P >= max_pos + block_size, head_dim] float32 cos|sin table: the shared one in rope.py (the
+        fused write's), covering positions below max_pos and the block drafted after them. A server
+        calls it once at start-up with its context length: draft steps never size it (rope.py)."""
+        return rope_table(max_pos + self.cfg.block_size, self.cfg.head_dim, self.cfg.rope_theta, device)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, attend, block: int | None = None, keep: int | None = None
@@ -229,6 +232,8 @@ class DFlashDrafter(nn.Module):
         ([N * keep / block, H]: only the first `keep` rows of each block, cut in the last layer).
 
         attend(layer_index, q, k_blk, v_blk): attention over context + block, non-causal.
+        Reads nothing back from the device (a CUDA graph captures it): RoPE rows come from the table
+        sized before the step (rope_table / context_kv).
         """
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
         last = len(self.layers) - 1

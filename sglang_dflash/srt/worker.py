@@ -74,6 +74,8 @@ class DFlashWorker(BaseSpecWorker):
         )
         check_capture_layers(runner.model, self.cfg)
         self.drafter = load_drafter(path, self.cfg, runner.dtype, str(self.device))
+        # RoPE rows for every position a request can reach, once: a captured draft step holds the table
+        self.drafter.rope_table(runner.model_config.context_len + self.block_size, str(self.device))
         self.draft_head = DraftHead(runner.model.lm_head, self.drafter, self.vocab_size)
         self.draft_kv = None
         self.device_type = torch.device(self.device).type
