@@ -1,4 +1,5 @@
-"""python -m sglang_dflash.offline: resume, bad lines, chat and raw prompts, equality with plain."""
+"""python -m sglang_dflash.offline: resume, bad lines, chat and raw prompts, equality with plain, a
+clean exit (no traceback from multiprocessing's resource tracker), the embedded pair by default."""
 
 import json
 import os
@@ -45,6 +46,7 @@ def run(target, draft, inp, out, *extra):
         pin = {"SGLANG_DFLASH_WIDTH": "16"}  # every step drafts (the controller may pick width 1 on a loaded host)
     p = subprocess.run(cmd, env={**os.environ, **CPU_ENV, **pin}, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert "Traceback" not in p.stderr and "resource_tracker" not in p.stderr, p.stderr[-4000:]
     return p.stderr, [json.loads(line) for line in open(out)]
 
 
@@ -76,3 +78,22 @@ def test_offline_cli(pair, tmp_path):
     _, resumed = run(target, drafter, inp, out)
     ids = [r["id"] for r in resumed if isinstance(r, dict) and "id" in r]
     assert sorted(ids) == sorted(list(by_id) + ["raw-new"])
+
+
+def resolved(monkeypatch, *argv):
+    from sglang_dflash import embedded, offline
+
+    monkeypatch.setattr(embedded, "derive", lambda: "EMBEDDED")
+    a = offline.parse_args(["--input", "in.jsonl", "--output", "out.jsonl", *argv])
+    offline.resolve_pair(a)
+    return a.model, a.draft
+
+
+def test_the_embedded_pair_is_the_default(monkeypatch):
+    from sglang_dflash.drafters import shipped_drafter
+
+    assert resolved(monkeypatch) == ("EMBEDDED", shipped_drafter())
+    assert resolved(monkeypatch, "--draft", "D") == ("EMBEDDED", "D")
+    assert resolved(monkeypatch, "--draft", "none") == ("EMBEDDED", None)
+    assert resolved(monkeypatch, "--model", "M") == ("M", None)  # the shipped drafter fits only its target
+    assert resolved(monkeypatch, "--model", "M", "--draft", "D") == ("M", "D")

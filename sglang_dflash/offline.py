@@ -1,6 +1,9 @@
 """Batched offline inference with DFLASH through `sglang.Engine`.
 
-python -m sglang_dflash.offline --model M --draft D --input prompts.jsonl --output results.jsonl
+python -m sglang_dflash.offline --input prompts.jsonl --output results.jsonl [--model M [--draft D]]
+
+With no --model: the embedded SmolLM2 and its shipped drafter (the pair `make serve` serves); with
+--model and no --draft, or --draft none: plain decoding.
 
 Input lines: {"id": ..., "prompt": "..."} or {"id": ..., "messages": [...]}, optional "sampling_params"
 overrides. Results are appended as each batch completes, so a rerun resumes by skipping ids already
@@ -19,8 +22,11 @@ from sglang_dflash.resumable_jsonl import append_rows, done_ids
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--draft", help="DFlash drafter checkpoint; omit to run without speculation")
+    ap.add_argument("--model", help="target HF folder or hub id (default: the embedded SmolLM2)")
+    ap.add_argument(
+        "--draft",
+        help="DFlash drafter checkpoint; default: the shipped drafter for the embedded target, none for --model",
+    )
     ap.add_argument("--input", required=True)
     ap.add_argument("--output", required=True)
     ap.add_argument("--max-new-tokens", type=int, default=256)
@@ -35,6 +41,21 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--block-size", type=int, default=None)
     return ap.parse_args(argv)
+
+
+def resolve_pair(a) -> None:
+    """Fills a.model / a.draft: the embedded pair when --model is absent (the drafter only where
+    --draft is absent too); `--draft none` decodes without speculation."""
+    if a.model is None:
+        from sglang_dflash.embedded import derive
+
+        a.model = derive()
+        if a.draft is None:
+            from sglang_dflash.drafters import shipped_drafter
+
+            a.draft = shipped_drafter()
+    if a.draft is not None and a.draft.lower() == "none":
+        a.draft = None
 
 
 def read_jobs(path: str, done: set):
@@ -80,7 +101,16 @@ def engine_kwargs(a) -> dict:
 
 def main(argv=None):
     a = parse_args(argv)
+    resolve_pair(a)
+    import threading
+
     from tqdm import tqdm
+
+    # The bar's lock is a thread lock: tqdm's default adds a multiprocessing lock, which under the
+    # spawn start method SGLang's Engine sets registers a semaphore with multiprocessing's resource
+    # tracker; Engine.shutdown kills every child process, the tracker too, so that semaphore's
+    # release at exit would relaunch a tracker that does not know it and print a traceback.
+    tqdm.set_lock(threading.RLock())
 
     from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
 
@@ -90,6 +120,15 @@ def main(argv=None):
 
     done = done_ids(a.output)  # a torn last line is dropped: its job is redone
     jobs = list(read_jobs(a.input, done))
+    tok = AutoTokenizer.from_pretrained(a.model)
+    engine = sglang.Engine(**engine_kwargs(a))
+    try:
+        return _run(a, engine, tok, jobs, done)
+    finally:
+        engine.shutdown()  # its scheduler processes go with it, on an error too
+
+
+def _run(a, engine, tok, jobs, done) -> dict:
     base = {
         "max_new_tokens": a.max_new_tokens,
         "temperature": a.temperature,
@@ -97,8 +136,8 @@ def main(argv=None):
         "top_k": a.top_k,
         **({"sampling_seed": a.seed} if a.seed is not None else {}),
     }
-    tok = AutoTokenizer.from_pretrained(a.model)
-    engine = sglang.Engine(**engine_kwargs(a))
+    from tqdm import tqdm
+
     stats = {"requests": 0, "errors": 0, "tokens": 0, "verify": 0, "skipped": len(done)}
     t0 = time.time()
     bar = tqdm(total=len(jobs), unit="req", desc="dflash")
@@ -126,7 +165,6 @@ def main(argv=None):
                     stats["verify"] += meta.get("spec_verify_ct", meta.get("completion_tokens", 0))
                 emit({"id": job["id"], **res})
     bar.close()
-    engine.shutdown()
     wall = time.time() - t0
     summary = {
         **stats,
