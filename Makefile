@@ -60,11 +60,13 @@ clean:
 bench-ops: install
 	$(VPY) bench/ops_bench.py
 
-# Real model, side by side in one run: plain vs DFLASH (whole block, adaptive width), concurrency 1/4/16/32, T=0/1.
+# Real model, side by side in one run: plain SGLang, our worker at width 1 (w1: our CPU step, no speculation) and
+# DFLASH (adaptive), concurrency 1/4/16/32, T=0 and T=1 seeded and unseeded, EOS ignored (equal tokens in every arm).
 bench: install
 	$(VPY) bench/real_bench.py $(BENCH_ARGS)
 
-# llama.cpp (llama-cpp-python, the same model in GGUF bf16, 1 and 2 threads) beside plain and DFLASH at
-# concurrency 1; builds the peer on first use (~8 min on 2 cores, cached in ~/.cache/sglang_dflash/peer).
+# llama.cpp (llama-cpp-python, the same model in GGUF bf16) beside DFLASH at equal threads (1 vs 1, 2 vs 2) and
+# our default, concurrency 1, 3 repeats; builds the peer on first use (~8 min on 2 cores, cached in
+# ~/.cache/sglang_dflash/peer, rebuilt when the CPU's flags differ from the build's).
 bench-peer: install
 	$(VPY) bench/peer_bench.py $(BENCH_ARGS)

@@ -11,27 +11,33 @@ the bench/checks/ scripts, ops_bench, ...), so two rows are comparable only when
 - server_argv(): the exact server command line of an arm, from sglang_dflash/testing/servers.py
   server_cmd (what servers.launch runs, minus the per-run --port).
 - SCHED_FLAGS: DFLASH forces --disable-overlap-schedule and sets --max-running-requests 48 when
-  unset (sglang_dflash/srt/hooks.py handle_dflash). Passed to EVERY arm by default so a speedup is
-  speculation alone, not a different scheduler.
+  unset (sglang_dflash/srt/hooks.py handle_dflash). By default plain runs SGLang's CPU defaults
+  (overlap scheduling on: the baseline a user gets); --match-sched passes SCHED_FLAGS to every arm
+  so a ratio isolates the step from the scheduler. Rows record which.
 - tau(): THE definition of tau in this repo: committed tokens / verify steps, i.e.
   sum(completion_tokens) / sum(spec_verify_ct) over a row's requests (the same ratio SGLang puts
   in spec_accept_length per request, but pooled, so long requests weigh by their steps). None for
   an arm without speculation (no verify steps).
 - flush_cache(): POST /flush_cache until the server accepts it, so no row starts with the prefix
   cache an earlier row filled.
-- arm_order() / summarize(): repeats interleave the arms ABBA, and every tok/s and speedup is
-  reported as mean with min/max/stdev; a speedup is paired within one repeat (the two arms ran
-  minutes apart), never a ratio of two means that each hide their own noise.
+- arm_order() / summarize(): repeats interleave the arms ABBA, and every tok/s and ratio is
+  reported as mean with min/max/stdev; a ratio is paired within one repeat (the two arms ran
+  minutes apart), never a ratio of two means that each hide their own noise. Ratios: `speedup`
+  (arm / plain), `cpu_step` (w1 / plain: our step, no speculation) and `spec_share` (arm / w1:
+  what speculation itself adds).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import statistics
 import subprocess
 import time
+
+from host_probe import host  # noqa: F401  (bench/ is on sys.path wherever provenance is imported)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -59,30 +65,6 @@ def git_state() -> dict:
     files = [ln[3:].split(" -> ")[-1].strip('"') for ln in status.splitlines() if ln.strip()]
     files = [f for f in files if not f.startswith("bench/results/")]
     return {"commit": head.strip() if head else None, "dirty": bool(files), "dirty_files": files[:20]}
-
-
-def host() -> dict:
-    """The machine a row ran on: CPU model and count, memory, GPUs (names), OS."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-        with open("/proc/meminfo") as f:
-            mem_gib = round(int(f.readline().split()[1]) / 2**20, 1)
-    except OSError:
-        mem_gib = None
-    try:
-        q = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
-        gpus = subprocess.run(q, capture_output=True, text=True, timeout=30).stdout.split("\n")
-    except (OSError, subprocess.TimeoutExpired):
-        gpus = []
-    return {
-        "cpu": cpu,
-        "cpus": os.cpu_count(),
-        "mem_gib": mem_gib,
-        "gpus": [g for g in gpus if g],
-        "os": platform.system(),
-    }
 
 
 def stamp() -> dict:
@@ -129,15 +111,16 @@ def append_rows(path: str, rows: list[dict], prov: dict) -> str:
     return run
 
 
-def add_method_args(ap) -> None:
+def add_method_args(ap, repeats: int = 2) -> None:
     """The flags every side-by-side bench shares: repeats (ABBA) and scheduler-flag matching."""
-    ap.add_argument("--repeats", type=int, default=2, help="times the whole arm sequence runs (ABBA order)")
+    ap.add_argument("--repeats", type=int, default=repeats, help="times the whole arm sequence runs (ABBA order)")
     ap.add_argument(
-        "--no-match-sched",
-        dest="match_sched",
-        action="store_false",
-        help="do not give plain the scheduler flags DFLASH forces (rows then say so)",
+        "--match-sched",
+        action="store_true",
+        help="give plain the scheduler flags DFLASH forces (default: SGLang's CPU defaults, overlap on)",
     )
+    # --no-match-sched: the old spelling of today's default, accepted so old command lines still run
+    ap.add_argument("--no-match-sched", dest="match_sched", action="store_false", help=argparse.SUPPRESS)
 
 
 def arm_extra(extra: list[str], match_sched: bool) -> list[str]:
@@ -147,8 +130,8 @@ def arm_extra(extra: list[str], match_sched: bool) -> list[str]:
 
 def arm(name: str, draft: str, extra: list[str], match_sched: bool):
     """Arm name -> (drafter or None, server flags, environment). `plain`: no speculation;
-    `fixed<W>`: the drafter's trained block (W if larger), every step verifying W rows (fixed1: plain
-    decoding through our worker); `adaptive`: the drafter's block (`adaptive<B>`: block B), width
+    `fixed<W>`: the drafter's trained block (W if larger), every step verifying W rows; `w1`
+    (= fixed1): our worker decoding one token a step, no speculation; `adaptive`: the drafter's block (`adaptive<B>`: block B), width
     chosen by the controller.
     A `+<rule>` suffix (e.g. `fixed16+q1`) sets the DFlash 1 proposal rule for sampled requests;
     an `@DIR` suffix (e.g. `adaptive@/path/drafter`) serves another drafter; a `-t<N>` suffix (e.g.
@@ -176,6 +159,8 @@ def arm(name: str, draft: str, extra: list[str], match_sched: bool):
         return arm(base, path, extra, match_sched)
     if name == "plain":
         return None, arm_extra(list(extra), match_sched), {}
+    if name == "w1":
+        return arm("fixed1", draft, extra, match_sched)
     for kind in ("fixed", "adaptive"):
         if name.startswith(kind) and (name[len(kind) :].isdigit() or name == "adaptive"):
             from sglang_dflash.model.config import read_block_size
@@ -185,7 +170,7 @@ def arm(name: str, draft: str, extra: list[str], match_sched: bool):
             block = max(num, trained) if kind == "fixed" else num
             flags = arm_extra([*extra, "--speculative-num-draft-tokens", str(block)], match_sched)
             return draft, flags, {env.WIDTH.name: str(num)} if kind == "fixed" else {}
-    raise SystemExit(f"--arms: unknown arm {name!r} (plain, fixed<W>, adaptive, adaptive<B>)")
+    raise SystemExit(f"--arms: unknown arm {name!r} (plain, w1, fixed<W>, adaptive, adaptive<B>)")
 
 
 def server_argv(model: str, draft: str | None, dtype: str, extra: list[str]) -> list[str]:
@@ -216,7 +201,7 @@ def row_fields(prov: dict, argv: dict[str, list[str]], config: str, match_sched:
         "tau_def": TAU_DEF,
     }
     if not match_sched:
-        out["sched_note"] = "DFLASH arms only: " + DFLASH_FORCES
+        out["sched_note"] = "plain: SGLang's CPU defaults (overlap scheduling on); DFLASH arms: " + DFLASH_FORCES
     return out
 
 
@@ -269,15 +254,29 @@ def summarize(runs: list[dict], keys: tuple[str, ...], baseline: str = "plain") 
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
         groups.setdefault((r["config"], *(r[k] for k in keys)), []).append(r)
+    cpu_step = paired(runs, keys, "w1", "plain")
     out = {}
     for gk, rs in groups.items():
         ratios = [r["tok_s"] / base[(r["repeat"], *gk[1:])] for r in rs]
         metas = [m for r in rs for m in r["metas"]]
+        share = paired(runs, keys, gk[0], "w1").get(gk[1:]) if gk[0] not in ("plain", "w1") else None
         out[gk] = {
             "repeats": len(rs),
             **spread("tok_s", [r["tok_s"] for r in rs]),
             **spread("speedup", ratios),
+            **(spread("cpu_step", cpu_step[gk[1:]]) if gk[1:] in cpu_step else {"cpu_step": None}),
+            **(spread("spec_share", share) if share else {"spec_share": None}),
             "tau": tau(metas),
             "tokens": sum(m.get("completion_tokens") or 0 for m in metas),
         }
+    return out
+
+
+def paired(runs: list[dict], keys: tuple[str, ...], num: str, den: str) -> dict[tuple, list[float]]:
+    """{cell (the keys' values): [num's tok/s / den's tok/s, one per repeat both arms ran it]}."""
+    at = {(r["config"], r["repeat"], *(r[k] for k in keys)): r["tok_s"] for r in runs}
+    out: dict[tuple, list[float]] = {}
+    for (cfg, rep, *cell), v in at.items():
+        if cfg == num and (den, rep, *cell) in at:
+            out.setdefault(tuple(cell), []).append(v / at[(den, rep, *cell)])
     return out

@@ -1,37 +1,37 @@
-"""`make bench`: the embedded real model (SmolLM2-135M-Instruct) with and without DFLASH, side by side
-in ONE run on this machine: the same server command without speculation (plain), with the shipped
-drafter verifying the whole block every step (fixed<B>, B its trained block size: SGLANG_DFLASH_WIDTH=B), and with the
-default cost-aware verify width (adaptive), held-out prompts of the drafter's training recipe
-(never trained on), concurrency 1 / 4 / 16 / 32, temperature 0 and 1.
-Arms: `plain`, `fixed<W>` (the drafter's block, width pinned to W), `adaptive` (the drafter's block), `adaptive<B>`.
+"""`make bench`: the embedded real model (SmolLM2-135M-Instruct) served three ways, side by side in
+ONE run on this machine, held-out prompts of the drafter's training recipe (never trained on),
+concurrency 1 / 4 / 16 / 32, temperature 0 and 1 (seeded and unseeded):
+- `plain`: SGLang without speculation;
+- `w1`: our worker with the verify width pinned to 1 (SGLANG_DFLASH_WIDTH=1): our CPU step, no
+  speculation;
+- `adaptive`: DFLASH as shipped (the drafter's block, cost-aware verify width).
+Optional arms (provenance.arm): `fixed<W>` (width pinned to W), `adaptive<B>`, `-t<N>`, `+<rule>`...
+
+Each row carries two paired ratios (within one repeat, mean with min-max over repeats): `cpu_step`
+= w1 / plain (what our step alone gives) and `spec_share` = the row's arm / w1 (for `adaptive`:
+what speculation itself gives), beside `speedup` = the arm / plain.
 
 Design (so a noisy 2-core machine cannot decide a ratio; one server at a time):
-- Every arm gets the same scheduler flags (bench/provenance.py SCHED_FLAGS: DFLASH forces no
-  overlap scheduling and 48 running requests, so plain gets them too; --no-match-sched to drop
-  them, which each row then reports).
-- --repeats N (default 2): the whole arm sequence runs N times, ABBA order (plain, fixed<B>,
-  adaptive then adaptive, fixed<B>, plain), a fresh server per arm and repeat. Each server gets the same warm-up (2
-  prompts x 8 tokens at every temperature, excluded from the numbers), and the prefix cache is
-  flushed (POST /flush_cache) before every row, warm-up included.
-- A row's speedup is paired: its tok/s over plain's tok/s in the same repeat (over the first arm's,
-  `speedup_over`, in a run without plain); rows report mean, min, max and stdev of tok/s and of the
-  speedup over repeats.
+- Every request decodes exactly --max-new-tokens (EOS ignored) by default, so every arm does the
+  same work: bf16 greedy arms otherwise stop at different places. --stop-at-eos: stop at EOS.
+- plain gets SGLang's CPU defaults (overlap scheduling on); the DFLASH arms get what the plugin
+  forces (no overlap, 48 running requests). --match-sched gives plain those flags too. Each row
+  records which (`sched_matched`, `sched_flags`, `sched_note`).
+- --repeats N (default 2): the arm sequence runs N times in ABBA order, a fresh server per arm and
+  repeat, each with the same warm-up (excluded); the prefix cache is flushed before every row.
+- --sampled seeded|unseeded|both (default both): T>0 rows with sampling_seed, without it (the
+  DFlash 1 q proposal rules), or both.
 
-Per configuration: output tokens/s, speedup, tau (provenance.tau: committed tokens / verify
-steps, pooled over requests and repeats; the server's sglang:dflash_accept_length histogram is
-kept as tau_hist), the verify widths chosen (steps per width, from sglang:dflash_verify_width),
-seconds per stage (draft / verify / sample / kv_write), TTFT and inter-token latency p50/p99 (streaming
-clients, pooled over repeats), and the provenance (commit, dirty flag, host, both arms' server argv).
-Appends one run to bench/results/real_bench.jsonl (`run`: date + commit); bench/results_page.py
-draws real_bench.png and the docs tables from the rows.
+Per row: output tok/s, the ratios, tau (provenance.tau; the sglang:dflash_accept_length histogram
+as tau_hist), verify widths (steps per width), seconds per stage, TTFT / ITL p50/p99, and the
+provenance (commit, dirty flag, host with ISA and memory bandwidth, every arm's server argv).
+Appends one run to bench/results/real_bench.jsonl; bench/results_page.py draws the README headline.
 
-python bench/real_bench.py [--arms plain fixed<B> adaptive] [--concurrency 1 4 16 32] [--temperatures 0 1]
-                           [--repeats 2] [--no-match-sched] [--tiny] [--waves 1]
---waves N: a row sends N times its requests (c, 2c below 16, at least 6) through c clients, so at 16-32
-requests the batch stays full instead of one burst whose slowest requests decode alone at its end.
---tiny: the tiny generated pair of `make serve-tiny` (a 2-layer drafter steered to be right part of
-the time; float32, random prompts of up to 256 tokens, concurrency 1 / 4 / 16 at temperature 0 by
-default) instead of the embedded model; appends to bench/results/tiny_bench.jsonl.
+python bench/real_bench.py [--arms plain w1 adaptive] [--concurrency 1 4 16 32] [--temperatures 0 1]
+    [--repeats 2] [--sampled both] [--stop-at-eos] [--match-sched] [--waves 1] [--tiny]
+--waves N: a row sends N times its requests (c, 2c below 16, at least 6) through c clients.
+--tiny: the tiny generated pair of `make serve-tiny` (float32, random prompts, concurrency
+1 / 4 / 16 at temperature 0) instead of the embedded model; appends to bench/results/tiny_bench.jsonl.
 """
 
 from __future__ import annotations
@@ -49,10 +49,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import provenance  # noqa: E402
+from results_tables import f2, spread, table, widths  # noqa: E402
 from sglang_dflash.srt.metrics import STAGES  # noqa: E402
 from sglang_dflash.testing.servers import launch  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
+PROGRESS = ("config", "repeat", "temperature", "seeded", "concurrency", "tok_s")  # printed per row as it lands
 
 
 def heldout_prompts(tokenizer, n: int) -> list[list[int]]:
@@ -138,6 +140,7 @@ def run(srv, batch, conc, max_new, temp, seeded=True, ignore_eos=False):
     return {
         "concurrency": conc,
         "temperature": temp,
+        "seeded": seeded,
         "requests": len(outs),
         "metas": metas,
         "tok_s": sum(m.get("completion_tokens", 0) for m in metas) / wall,
@@ -157,12 +160,13 @@ def warm_up(srv, batch, temps):
 
 
 def collate(runs, prov, argv, match_sched, max_new, baseline="plain"):
-    """Per (config, temperature, concurrency): spreads over repeats, pooled latencies and histogram.
-    Speedups are over `baseline` (plain, or the first arm of a run without plain)."""
-    summary = provenance.summarize(runs, ("temperature", "concurrency"), baseline)
+    """Per (config, temperature, seeded, concurrency): spreads over repeats, pooled latencies and
+    histogram. Speedups are over `baseline` (plain, or the first arm of a run without plain)."""
+    keys = ("temperature", "seeded", "concurrency")
+    summary = provenance.summarize(runs, keys, baseline)
     rows = []
-    for (cfg, temp, conc), agg in summary.items():
-        rs = [r for r in runs if (r["config"], r["temperature"], r["concurrency"]) == (cfg, temp, conc)]
+    for (cfg, temp, seeded, conc), agg in summary.items():
+        rs = [r for r in runs if (r["config"], *(r[k] for k in keys)) == (cfg, temp, seeded, conc)]
         hist, stage, widths = {}, {}, {}
         for r in rs:
             for k, v in r["hist"].items():
@@ -176,6 +180,7 @@ def collate(runs, prov, argv, match_sched, max_new, baseline="plain"):
             {
                 "config": cfg,
                 "temperature": temp,
+                "seeded": seeded,
                 "concurrency": conc,
                 "requests": rs[0]["requests"],
                 "max_new_tokens": max_new,
@@ -207,20 +212,24 @@ def main():
     ap.add_argument("--waves", type=int, default=1, help="rows send N x their requests: N > 1 holds the batch full")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument(
-        "--unseeded", action="store_true", help="sampled requests without sampling_seed (DFlash 1 q proposal rules)"
+        "--sampled",
+        choices=("seeded", "unseeded", "both"),
+        default="both",
+        help="T>0 rows with sampling_seed, without it (DFlash 1 q proposal rules), or both",
     )
     ap.add_argument(
-        "--ignore-eos",
-        action="store_true",
-        help="every request runs to --max-new-tokens: sampled arms then compare equal workloads (their samples differ)",
+        "--stop-at-eos",
+        dest="ignore_eos",
+        action="store_false",
+        help="requests stop at EOS (default: every request decodes exactly --max-new-tokens in every arm)",
     )
+    ap.add_argument("--ignore-eos", action="store_true", help=argparse.SUPPRESS)  # the default; kept for old commands
     ap.add_argument("--tiny", action="store_true", help="the tiny steered pair instead of the embedded model")
     ap.add_argument("--label", help="what this run compares, kept in every row (docs/results.md shows it)")
     provenance.add_method_args(ap)
     ap.add_argument("--out", help="default: bench/results/real_bench.jsonl (tiny_bench.jsonl with --tiny)")
     a = ap.parse_args()
     prov = provenance.stamp()  # before anything is written
-    from sglang_dflash.model.config import read_block_size
 
     a.dtype = a.dtype or ("float32" if a.tiny else "bfloat16")
     a.concurrency = a.concurrency or ([1, 4, 16] if a.tiny else [1, 4, 16, 32])
@@ -242,7 +251,8 @@ def main():
         a.model = a.model or derive()
         a.draft = a.draft or shipped_drafter()
         batch = heldout_prompts(AutoTokenizer.from_pretrained(a.model), max(a.requests, 32 * a.waves))
-    a.arms = a.arms or ["plain", f"fixed{read_block_size(a.draft)}", "adaptive"]
+    a.arms = a.arms or ["plain", "w1", "adaptive"]
+    seeding = {"seeded": [True], "unseeded": [False], "both": [True, False]}[a.sampled]
     arms = {name: provenance.arm(name, a.draft, ["--enable-metrics"], a.match_sched) for name in a.arms}
     argv = {cfg: provenance.server_argv(a.model, d, a.dtype, extra) for cfg, (d, extra, _) in arms.items()}
     runs = []
@@ -251,48 +261,37 @@ def main():
             draft, extra, env = arms[cfg]
             with launch(a.model, draft, a.dtype, extra=extra, env=env, name=f"real-bench-{cfg}-r{rep}") as srv:
                 warm_up(srv, batch, a.temperatures)
-                for temp in a.temperatures:
+                for temp, seeded in [(t, s) for t in a.temperatures for s in (seeding if t > 0 else [True])]:
                     for c in a.concurrency:
                         n = min(len(batch), a.waves * max(c, 2 * c if c < 16 else c, 6))
                         r = {
                             "config": cfg,
                             "repeat": rep,
-                            **run(srv, batch[:n], c, a.max_new_tokens, temp, not a.unseeded, a.ignore_eos),
+                            **run(srv, batch[:n], c, a.max_new_tokens, temp, seeded, a.ignore_eos),
                         }
                         print(
-                            json.dumps({k: r[k] for k in ("config", "repeat", "temperature", "concurrency", "tok_s")}),
+                            json.dumps({k: r[k] for k in PROGRESS}),
                             flush=True,
                         )
                         runs.append(r)
     baseline = "plain" if "plain" in a.arms else a.arms[0]
     rows = collate(runs, prov, argv, a.match_sched, a.max_new_tokens, baseline)
     for r in rows:
-        r["env"], r["seeded"], r["ignore_eos"] = arms[r["config"]][2], not a.unseeded, a.ignore_eos
+        r["env"], r["ignore_eos"] = arms[r["config"]][2], a.ignore_eos
         r["waves"] = a.waves
         if a.label:
             r["label"] = a.label
     run_name = provenance.append_rows(a.out, rows, prov)
     dirty = " (dirty tree)" if prov["dirty"] else ""
-    print(f"run {run_name}{dirty}; {a.repeats} repeats; scheduler flags matched: {a.match_sched}")
-    print(
-        "| config | T | conc | tok/s (min-max) | speedup (min-max) | tau | widths (steps) | TTFT p50/p99 s "
-        "| ITL p50/p99 ms |\n|---|---|---|---|---|---|---|---|---|"
-    )
-    for r in rows:
-        tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
-        print(
-            f"| {r['config']} | {r['temperature']:g} | {r['concurrency']} "
-            f"| {r['tok_s']:.1f} ({r['tok_s_min']:.1f}-{r['tok_s_max']:.1f}) "
-            f"| {r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f}) "
-            f"| {tau} | {widths(r)} | {r['ttft_p50']:.2f} / {r['ttft_p99']:.2f} "
-            f"| {1000 * r['itl_p50']:.0f} / {1000 * r['itl_p99']:.0f} |"
-        )
-
-
-def widths(row) -> str:
-    steps = row.get("width_steps") or {}
-    total = sum(steps.values())
-    return ", ".join(f"{w}: {100 * n / total:.0f}%" for w, n in steps.items()) if total else "-"
+    print(f"run {run_name}{dirty}; {a.repeats} repeats; EOS ignored: {a.ignore_eos}; sched matched: {a.match_sched}")
+    head = ["config", "T", "seeded", "conc", "tok/s", "speedup", "cpu step w1/plain", "spec share /w1", "tau", "widths"]
+    body = [
+        [r["config"], f"{r['temperature']:g}", r["seeded"], r["concurrency"], spread(r, "tok_s")]
+        + [spread(r, k, f2, "x") if r.get(k) is not None else None for k in ("speedup", "cpu_step", "spec_share")]
+        + [f2(r["tau"]), widths(r)]
+        for r in rows
+    ]
+    print("\n".join(table(head, body)))
 
 
 if __name__ == "__main__":

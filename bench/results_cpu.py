@@ -3,7 +3,7 @@ GEMMs (cpu_linear_bench.py) and its whole forward outside the server (layer_stac
 
 from __future__ import annotations
 
-from results_tables import about, f1, f2, rows, runs, table
+from results_tables import about, f1, f2, rows, runs, spread, table
 
 
 def cpu_linear() -> list[str]:
@@ -39,4 +39,38 @@ def layer_stack() -> list[str]:
             for r in rs
         ]
         out += table(["arm", "repeat", "requests", "rows each", "whole", "sum of ops", *parts], body) + [""]
+    return out
+
+
+def equal_threads_table(rs: list[dict]) -> list[str]:
+    """One peer_bench run (bench/peer_bench.py): ours beside llama.cpp at EQUAL threads, paired
+    within a repeat; our default-thread arm beside, paired with llama.cpp on as many threads."""
+    llama = {r["threads"]: r for r in rs if r["config"].startswith("llama.cpp")}
+    body = []
+    for r in rs:
+        if r["config"].startswith("llama.cpp") or r.get("vs_llama_equal_threads") is None:
+            continue
+        peer = llama.get(r["threads"])
+        default = "-t" not in r["config"]
+        body.append(
+            [r["threads"], f"{r['config']}{' (our default)' if default else ''}", spread(r, "tok_s")]
+            + [spread(peer, "tok_s") if peer else None, spread(r, "vs_llama_equal_threads", f2, "x")]
+        )
+    body.sort(key=lambda b: (b[0], "(our default)" in b[1]))
+    head = ["threads", "ours", "ours tok/s", "llama.cpp tok/s", "ours / llama.cpp (same threads, min-max)"]
+    return table(head, body)
+
+
+def peer_equal_threads() -> list[str]:
+    """docs/results.md: the equal-threads table of each peer_bench run that has one, with the
+    llama.cpp build it measured."""
+    out = []
+    for run, rs in runs(rows("peer_bench")).items():
+        if not any(r.get("vs_llama_equal_threads") is not None for r in rs):
+            continue
+        b = next((r["llama_build"] for r in rs if r.get("llama_build")), {})
+        info = next((r["llama_system_info"] for r in rs if r.get("llama_system_info")), None)
+        what = f"llama-cpp-python {b.get('llama_cpp_python')}, CMAKE_ARGS `{b.get('cmake_args')}`"
+        out += [f"Run `{run}`, equal threads ({what}; llama.cpp reports `{info}`):", ""]
+        out += equal_threads_table(rs) + [""]
     return out

@@ -5,8 +5,9 @@ rows in bench/results/*.jsonl. Nothing on that page is typed by hand: change thi
     python bench/results_page.py --check   # exit 1 if the page or the README table is stale (no writes)
 
 Every row carries `run` (date + commit of the run), its commit, dirty flag and time (bench/provenance.py).
-The headline: for each temperature (0, 1) and concurrency (1, 4, 16, 32), the newest real_bench run
-that served the shipped drafter with both `plain` and `adaptive` (the default DFLASH) rows there.
+The headline (bench/results_headline.py): the newest real_bench run that served the shipped drafter
+with `plain`, `w1` and `adaptive` rows, with our CPU step (w1 / plain) and speculation's own share
+(adaptive / w1); before such a run, per (T, concurrency) the newest run with `plain` and `adaptive`.
 """
 
 from __future__ import annotations
@@ -19,23 +20,18 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_tables import (  # noqa: E402
     drafter_arms,
-    f1,
-    f2,
     micro,
     rows,
-    runs,
     scale_out,
     served,
     step_profile,
     graphs_bench,
     soak,
-    spread,
-    table,
     traces,
     training,
-    widths,
 )
-from results_cpu import cpu_linear, layer_stack  # noqa: E402
+from results_cpu import cpu_linear, layer_stack, peer_equal_threads  # noqa: E402
+import results_headline  # noqa: E402
 from results_gpu_peer import datagen, gpu_check, peer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,33 +61,15 @@ def served_shipped(r: dict, ship: str | None) -> bool:
 
 def headline(rs: list[dict]) -> tuple[list[str], list[dict]]:
     ship = git("log", "-1", "--format=%h", "--", WEIGHTS)
-    cells, missing = [], []
-    for t, c in CELLS:
-        here = [r for r in rs if r["temperature"] == t and r["concurrency"] == c and served_shipped(r, ship)]
-        by_run = runs(here)
-        pick = next((g for g in by_run.values() if {"plain", "adaptive"} <= {r["config"] for r in g}), None)
-        if pick is None:
-            missing.append(f"T={t:g} c={c}")
-            continue
-        plain, dfl = (next(r for r in pick if r["config"] == k) for k in ("plain", "adaptive"))
-        cells.append((t, c, plain, dfl))
-    body = [
-        [f"{t:g}", c, d["requests"], f1(p["tok_s"]), f1(d["tok_s"]), spread(d, "speedup", f2, "x"), f2(d["tau"])]
-        + [widths(d)]
-        + [f"`{d['run']}`{' (dirty)' if d.get('dirty') else ''}"]
-        for t, c, p, d in cells
-    ]
-    head = ["T", "concurrency", "requests", "plain tok/s", "DFLASH tok/s", "speedup (min-max)", "tau", "verify widths"]
-    head.append("run")
-    lines = table(head, body) + [""]
-    for run, (_, _, p, d) in {d["run"]: cell for cell in cells for d in [cell[3]]}.items():
-        how = f"commit `{d['commit'][:7]}`, measured {d['time'][:16]}, {d['max_new_tokens']} new tokens"
-        how += f", {d['repeats']} repeats ABBA" + ", --ignore-eos" * bool(d.get("ignore_eos"))
-        if WEIGHTS in (d.get("dirty_files") or []):
-            how += f"; dirty: the drafter weights, uncommitted then, committed next as `{ship}`"
-        lines.append(f"- `{run}`: {how}.")
-    lines += ["", f"Not measured with the weights shipped at `{ship}`: {', '.join(missing) or 'none'}."]
-    return lines, [d for *_, d in cells] + [p for _, _, p, _ in cells]
+    served = {}  # commit + dirty files -> bool: one git call per distinct commit, not per row
+    keep = []
+    for r in rs:
+        k = (r["commit"], WEIGHTS in (r.get("dirty_files") or []))
+        if k not in served:
+            served[k] = served_shipped(r, ship)
+        if served[k]:
+            keep.append(r)
+    return results_headline.headline(keep, ship, WEIGHTS)
 
 
 # ---- page -----------------------------------------------------------------------------------------
@@ -175,6 +153,7 @@ def page(head_lines: list[str]) -> str:
                 "## llama.cpp beside us (`peer_bench.jsonl`, `make bench-peer`)",
                 "",
                 *peer(),
+                *peer_equal_threads(),
             ]
             if "peer_bench" in known
             else []

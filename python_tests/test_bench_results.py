@@ -1,0 +1,118 @@
+"""bench/provenance.py's paired ratios and bench/results_headline.py's README headline, on synthetic
+rows (no server): three arms give both ratios; runs before the w1 arm keep the two-arm form."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+
+import provenance  # noqa: E402
+import results_headline  # noqa: E402
+
+KEYS = ("temperature", "seeded", "concurrency")
+# tok/s per (arm, repeat): w1 / plain is 2.0 then 3.0, adaptive / w1 is 1.5 then 1.25.
+TOK_S = {("plain", 0): 10.0, ("plain", 1): 10.0, ("w1", 0): 20.0, ("w1", 1): 30.0}
+TOK_S |= {("adaptive", 0): 30.0, ("adaptive", 1): 37.5}
+
+
+def raw_runs(arms=("plain", "w1", "adaptive"), cells=((0.0, True, 1), (1.0, False, 4))):
+    return [
+        {
+            "config": arm,
+            "repeat": rep,
+            **dict(zip(KEYS, cell)),
+            "tok_s": TOK_S[(arm, rep)],
+            "metas": [{"completion_tokens": 12, "spec_verify_ct": 6 if arm == "adaptive" else 12}],
+        }
+        for rep in (0, 1)
+        for arm in provenance.arm_order(list(arms), rep)
+        for cell in cells
+    ]
+
+
+def test_summarize_pairs_each_ratio_within_a_repeat():
+    s = provenance.summarize(raw_runs(), KEYS)
+    ad, w1, plain = (s[(arm, 0.0, True, 1)] for arm in ("adaptive", "w1", "plain"))
+    assert ad["spec_share_runs"] == pytest.approx([1.5, 1.25])  # adaptive / w1, per repeat
+    assert (ad["spec_share_min"], ad["spec_share_max"]) == pytest.approx((1.25, 1.5))
+    assert ad["cpu_step_runs"] == pytest.approx([2.0, 3.0]) == w1["speedup_runs"]  # w1 / plain
+    assert ad["speedup_runs"] == pytest.approx([3.0, 3.75])
+    # the mean of paired ratios, not the ratio of means (33.75 / 25 = 1.35)
+    assert ad["spec_share"] == pytest.approx(1.375)
+    assert plain["spec_share"] is None and w1["spec_share"] is None
+    assert s[("adaptive", 1.0, False, 4)]["cpu_step"] == pytest.approx(2.5)
+
+
+def test_summarize_without_w1_has_no_ratios_to_w1():
+    s = provenance.summarize(raw_runs(("plain", "adaptive")), KEYS)
+    assert s[("adaptive", 0.0, True, 1)]["cpu_step"] is None and s[("adaptive", 0.0, True, 1)]["spec_share"] is None
+    assert s[("adaptive", 0.0, True, 1)]["speedup"] == pytest.approx(3.375)
+
+
+def rows(run, arms, time, **extra):
+    """What real_bench.collate writes, reduced to the fields the headline reads."""
+    s = provenance.summarize(raw_runs(arms), KEYS)
+    out = []
+    for (cfg, t, seeded, c), agg in s.items():
+        out.append(
+            {
+                "run": run,
+                "config": cfg,
+                "temperature": t,
+                "seeded": seeded,
+                "concurrency": c,
+                "requests": 6,
+                "max_new_tokens": 128,
+                "commit": "abcdef0123",
+                "dirty": False,
+                "time": time,
+                "width_steps": {"1": 3, "4": 1} if cfg == "adaptive" else {},
+                **agg,
+                **extra,
+            }
+        )
+    return out
+
+
+def cells_of(lines):
+    return [[c.strip() for c in ln.strip("|").split("|")] for ln in lines if ln.startswith("| ") and "---" not in ln]
+
+
+def test_headline_three_arms_shows_both_ratios_and_the_eos_policy():
+    rs = rows("new", ("plain", "w1", "adaptive"), "2026-12-07T00:00", ignore_eos=True, sched_matched=False)
+    rs += rows("old", ("plain", "adaptive"), "2026-12-01T00:00")
+    lines, shown = results_headline.headline(rs, "ship0")
+    head, *body = cells_of(lines)
+    col = {name: i for i, name in enumerate(head)}
+    assert "our CPU step (w1/plain)" in col and "speculation's own share (adaptive/w1)" in col
+    t0, t1 = body  # T=0 seeded, then T=1 unseeded
+    assert t0[col["our CPU step (w1/plain)"]] == "2.50x (2.00-3.00)"
+    assert t0[col["speculation's own share (adaptive/w1)"]] == "1.38x (1.25-1.50)"
+    assert (t0[col["plain tok/s"]], t0[col["w1 tok/s"]], t0[col["adaptive tok/s"]]) == ("10.0", "25.0", "33.8")
+    assert t0[col["tau"]] == "2.00" and t1[col["T"]] == "1 unseeded"
+    assert {r["run"] for r in shown} == {"new"}  # the two-arm run is not mixed in
+    text = "\n".join(lines)
+    assert "EOS ignored" in text and "plain with SGLang's defaults" in text
+
+
+def test_headline_falls_back_to_two_arms_before_any_w1_run():
+    rs = rows("old", ("plain", "adaptive"), "2026-12-01T00:00")
+    rs = [{**r, "temperature": 1.0 if r["temperature"] else 0.0} for r in rs]
+    lines, shown = results_headline.headline(rs, "ship0")
+    head, *body = cells_of(lines)
+    assert "DFLASH tok/s" in head and "our CPU step (w1/plain)" not in head
+    assert len(body) == 2 and {r["config"] for r in shown} == {"plain", "adaptive"}
+    assert "Not measured with the weights shipped at `ship0`" in lines[-1]
+
+
+def test_headline_shows_a_dash_for_a_cell_the_w1_arm_missed():
+    rs = rows("new", ("plain", "w1", "adaptive"), "2026-12-07T00:00")
+    rs = [r for r in rs if not (r["config"] == "w1" and r["temperature"] == 1.0)]
+    for r in rs:
+        if r["temperature"] == 1.0:
+            r["cpu_step"] = r["spec_share"] = None
+    head, *body = cells_of(results_headline.headline(rs, None)[0])
+    t1 = body[1]
+    assert t1[head.index("w1 tok/s")] == "-" and t1[head.index("our CPU step (w1/plain)")] == "-"
