@@ -1,13 +1,15 @@
 """llama.cpp side of bench/peer_bench.py. Runs in the peer venv (llama-cpp-python only, no torch):
 reads token-id prompts (JSON list) on stdin, generates up to --max-new tokens greedily for each
 (exactly that many unless --eos ids are given: Llama.generate itself never stops at EOS, like
-`ignore_eos` on our side), prints per-prompt timings."""
+`ignore_eos` on our side), prints per-prompt timings with the build's own report (llama_print_system_info: the ISA
+paths it was compiled with) and version, so every row says which llama.cpp it measured."""
 
 import argparse
 import json
 import sys
 import time
 
+import llama_cpp
 from llama_cpp import Llama
 
 
@@ -32,7 +34,10 @@ def main():
         return {"tokens": n, "wall_s": t1 - t0, "ttft_s": first - t0}
 
     one(prompts[0], 8)  # warm-up, as every server arm gets
-    json.dump([one(ids, a.max_new) for ids in prompts], sys.stdout)
+    outs = [one(ids, a.max_new) for ids in prompts]
+    info = llama_cpp.llama_print_system_info()
+    info = info.decode() if isinstance(info, bytes) else str(info)
+    json.dump({"version": llama_cpp.__version__, "system_info": info.strip(), "outs": outs}, sys.stdout)
 
 
 if __name__ == "__main__":
