@@ -3,7 +3,8 @@ checked by test_forced.py: one server, every core; test_scale_out.py: replicas a
 
 import pytest
 
-from sglang_dflash.srt.cpu_threads import init_cpu_threads_env, rank_threads
+from sglang_dflash.cpu_serving import cpu_env
+from sglang_dflash.srt.cpu_threads import cpu_quota, init_cpu_threads_env, rank_threads, thread_choice
 
 
 def test_the_rank_gets_the_cores_it_is_bound_to_and_may_use():
@@ -36,3 +37,43 @@ def test_the_hook_sets_torchs_threads_after_sglangs_setup(monkeypatch):
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+
+
+def test_an_explicit_choice_wins_and_says_which():
+    usable = {0, 1, 2, 3}
+    ours = "SGLANG_DFLASH_CPU_THREADS"
+    assert thread_choice(None, {}, usable, None) == (4, "the rank's cores")
+    # a plain sglang.launch_server: the user's OMP_NUM_THREADS decides
+    assert thread_choice(None, {"OMP_NUM_THREADS": "1"}, usable, None) == (1, "OMP_NUM_THREADS")
+    assert thread_choice(None, {"OMP_NUM_THREADS": "2,1"}, usable, None) == (2, "OMP_NUM_THREADS")
+    # our launcher: OMP_NUM_THREADS=1 is its own, the forward's count travels in our variable
+    assert thread_choice(None, {"OMP_NUM_THREADS": "1", ours: "0"}, usable, None) == (4, "the rank's cores")
+    assert thread_choice(None, {"OMP_NUM_THREADS": "1", ours: "3"}, usable, None) == (3, ours)
+    # a container's CPU quota caps the cores it may use
+    assert thread_choice(None, {}, usable, 2) == (2, "the cgroup's CPU quota")
+    assert thread_choice([1], {}, usable, 2) == (1, "the rank's cores")
+    with pytest.raises(ValueError, match="OMP_NUM_THREADS=0"):
+        thread_choice(None, {"OMP_NUM_THREADS": "0"}, usable, None)
+
+
+def test_our_launcher_carries_a_users_thread_count_over():
+    assert cpu_env({})["SGLANG_DFLASH_CPU_THREADS"] == "0"
+    assert cpu_env({"OMP_NUM_THREADS": "3"})["SGLANG_DFLASH_CPU_THREADS"] == "3"
+    assert cpu_env({"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "1"
+    assert cpu_env({"OMP_NUM_THREADS": "3", "SGLANG_DFLASH_CPU_THREADS": "2"})["SGLANG_DFLASH_CPU_THREADS"] == "2"
+
+
+def test_the_cgroup_quota_is_read(tmp_path):
+    f = tmp_path / "cpu.max"
+    f.write_text("150000 100000\n")
+    assert cpu_quota(str(f)) == 2
+    f.write_text("max 100000\n")
+    assert cpu_quota(str(f)) is None
+    assert cpu_quota(str(tmp_path / "absent")) is None
+
+
+def test_a_cpu_dflash_server_sleeps_when_idle():
+    from sglang_dflash.srt.hooks import cpu_defaults
+
+    assert cpu_defaults("cpu") == {"sleep_on_idle": True}
+    assert cpu_defaults("cuda") == {}

@@ -6,7 +6,8 @@ prints the environment, nothing when a CUDA device is visible). Plain Python: ru
 
 OMP_NUM_THREADS=1 for every process (two spinning OpenMP threads on 2 cores beside another busy
 process make a small linear 100x slower); each scheduler then runs its forward on its rank's cores
-(srt/cpu_threads.py, SGLANG_DFLASH_CPU_THREADS).
+(srt/cpu_threads.py, SGLANG_DFLASH_CPU_THREADS), or on the threads the user asked for: a user's own
+OMP_NUM_THREADS is carried over as SGLANG_DFLASH_CPU_THREADS, which the forward reads first.
 max_total_tokens: SGLang's default KV pool takes 70% of RAM.
 sleep_on_idle: an idle scheduler otherwise polls its sockets nonstop, a whole core of a 2-core host
 (measured: 10.1 core-seconds in 10 idle seconds without it, 0.14 with it).
@@ -22,6 +23,9 @@ from typing import Mapping, Optional
 # inherits it (the Makefile exports CPU_ENV) would run an 8B model on one CPU thread.
 CPU_ENGINE_VAR = "SGLANG_USE_CPU_ENGINE"
 CPU_ENV = {"OMP_NUM_THREADS": "1", CPU_ENGINE_VAR: "1"}
+# How an idle OpenMP thread waits (libgomp): see docs/decisions for the arms measured side by side.
+OMP_WAIT: dict[str, str] = {}
+THREADS_VAR = "SGLANG_DFLASH_CPU_THREADS"  # declared in env.py (CPU_THREADS), which takes its name from here
 CPU_SETTINGS = {
     "device": "cpu",
     "attention_backend": "torch_native",
@@ -31,9 +35,17 @@ CPU_SETTINGS = {
 }
 
 
+def cpu_env(inherited: Mapping[str, str]) -> dict[str, str]:
+    """CPU_ENV for a server started from the environment `inherited`, plus the forward's thread count:
+    SGLANG_DFLASH_CPU_THREADS as inherited, else the user's OMP_NUM_THREADS (which CPU_ENV replaces),
+    else 0 (the rank's cores)."""
+    threads = inherited.get(THREADS_VAR) or inherited.get("OMP_NUM_THREADS", "").split(",")[0] or "0"
+    return {**CPU_ENV, **OMP_WAIT, THREADS_VAR: threads}
+
+
 def set_cpu_env() -> None:
-    """CPU_ENV into this process's environment; a value already set wins."""
-    for k, v in CPU_ENV.items():
+    """cpu_env() into this process's environment; a value already set wins."""
+    for k, v in cpu_env(os.environ).items():
         os.environ.setdefault(k, v)
 
 
@@ -73,7 +85,8 @@ class ServingDevice:
     def environ(self, inherited: Mapping[str, str], overrides: Optional[Mapping[str, str]] = None) -> dict[str, str]:
         """The server's environment: inherited minus `unset`, plus `env`, plus the caller's overrides."""
         kept = {k: v for k, v in inherited.items() if k not in self.unset}
-        return {**kept, **self.env, **(overrides or {})}
+        added = {**cpu_env(inherited), **self.env} if self.name == "cpu" else self.env
+        return {**kept, **added, **(overrides or {})}
 
 
 def serving_device(cuda: bool, **cpu_overrides) -> ServingDevice:
@@ -87,4 +100,4 @@ def serving_device(cuda: bool, **cpu_overrides) -> ServingDevice:
 
 if __name__ == "__main__":
     if not cuda_visible():
-        print("\n".join(f"{k}={v}" for k, v in CPU_ENV.items()))
+        print("\n".join(f"{k}={v}" for k, v in cpu_env(os.environ).items()))

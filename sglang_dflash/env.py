@@ -30,6 +30,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from sglang_dflash.cpu_serving import THREADS_VAR
+
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -122,7 +124,7 @@ FORK_START = EnvVar(
     "them (they skip re-importing SGLang: a tiny-model server is healthy in ~20 s instead of ~33 s); 0: spawn",
 )
 CPU_THREADS = EnvVar(
-    "SGLANG_DFLASH_CPU_THREADS",
+    THREADS_VAR,
     int,
     0,
     "CPU: OpenMP threads of each scheduler's forward (srt/cpu_threads.py): 0 = the cores its rank is bound "

@@ -52,7 +52,25 @@ def handle_dflash(original, server_args):
     )
     if cfg.max_running_requests is None:
         decisions["max_running_requests"] = 48
+    decisions.update(cpu_defaults(cfg.device))
     declare_resolution(server_args, "sglang_dflash", **decisions)
+
+
+def cpu_defaults(device) -> dict:
+    """A CPU DFLASH server shares its host however it was launched: its scheduler sleeps when idle
+    (it otherwise polls its sockets nonstop, a whole core), and its OpenMP threads wait the way
+    cpu_serving.py sets (our launcher sets them before any process starts; under a plain
+    sglang.launch_server they reach the schedulers, spawned from this process). A user's own
+    environment wins."""
+    import os
+
+    from sglang_dflash.cpu_serving import OMP_WAIT, cuda_visible
+
+    if (device or ("cuda" if cuda_visible() else "cpu")) != "cpu":
+        return {}
+    for k, v in OMP_WAIT.items():
+        os.environ.setdefault(k, v)
+    return {"sleep_on_idle": True}
 
 
 def torch_native_forward_extend(original, self, q, k, v, layer, forward_batch, save_kv_cache=True):
