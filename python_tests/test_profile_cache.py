@@ -82,8 +82,9 @@ def test_same_key_loads_the_stored_table_without_measuring(tmp_path, caplog):
         lambda w, tmp, mp: mp.setattr(profile_cache, "_version", lambda dist: "9.9.9"),
         lambda w, tmp, mp: mp.setenv("SGLANG_DFLASH_CPU_LINEAR", "0"),
         lambda w, tmp, mp: setattr(w, "device_type", "xpu"),
+        lambda w, tmp, mp: mp.setattr(profile_cache, "_sources", lambda: "an edited checkout"),
     ],
-    ids=["block", "dtype", "drafter", "model-config", "threads", "cpu", "version", "env", "device"],
+    ids=["block", "dtype", "drafter", "model-config", "threads", "cpu", "version", "env", "device", "sources"],
 )
 def test_any_key_change_measures_again(tmp_path, monkeypatch, change):
     worker, measure = fake_worker(tmp_path), Measure()
@@ -139,3 +140,15 @@ def test_an_unwritable_cache_still_serves_the_measured_profile(tmp_path, monkeyp
     assert table.profiled(2, 4) == pytest.approx(0.009)
     profile_cache.cached_costs(worker, WIDTHS, SIZES, measure)
     assert measure.calls == 2
+
+
+def test_an_edit_to_the_packages_code_changes_the_source_stamp(tmp_path, monkeypatch):
+    pkg = tmp_path / "sglang_dflash"
+    (pkg / "srt").mkdir(parents=True)
+    (pkg / "srt" / "profile_cache.py").write_text("x = 1\n")
+    (pkg / "pipeline.py").write_text("y = 1\n")
+    monkeypatch.setattr(profile_cache, "__file__", str(pkg / "srt" / "profile_cache.py"))
+    before = profile_cache._sources()
+    assert profile_cache._sources() == before
+    (pkg / "pipeline.py").write_text("y = 22\n")
+    assert profile_cache._sources() != before

@@ -79,6 +79,19 @@ def _extension() -> str:
     return _file_stamp(spec.origin if spec else None)
 
 
+def _sources() -> str:
+    """The package's own Python files (names, sizes, mtimes): an edit in a checkout measures again,
+    as a new version or build does."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha256()
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(f for f in files if f.endswith(".py")):
+            st = os.stat(os.path.join(folder, name))
+            digest.update(f"{os.path.relpath(folder, root)}/{name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
 def profile_key(worker, widths, batch_sizes) -> dict:
     """Everything that changes the profiled step's cost on this worker."""
     runner, args = worker.model_runner, worker.server_args
@@ -100,6 +113,7 @@ def profile_key(worker, widths, batch_sizes) -> dict:
         "versions": {
             "sglang_dflash": _version("sglang-dflash"),
             "extension": _extension(),
+            "sources": _sources(),
             "torch": torch.__version__,
             "sglang": _version("sglang"),
         },
