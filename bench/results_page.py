@@ -33,6 +33,7 @@ from results_tables import (  # noqa: E402
 from results_cpu import cpu_linear, layer_stack, peer_equal_threads  # noqa: E402
 import results_headline  # noqa: E402
 from results_gpu_peer import datagen, gpu_check, peer  # noqa: E402
+from results_tests import broken_rules, mutations  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -82,6 +83,7 @@ def page(head_lines: list[str]) -> str:
     known |= {"draft_head", "sampling_bench", "train_step", "attention_bench", "draft_rope"}
     known |= {"scale_out", "step_profile", "cpu_linear", "gpu_check_kernels", "peer_bench", "datagen"} & found_kinds()
     known |= {"graphs_bench", "layer_stack"} & found_kinds()
+    known |= {"mutations", "broken_rules"} & found_kinds()
     found = {os.path.basename(p)[: -len(".jsonl")] for p in glob.glob(os.path.join(RESULTS, "*.jsonl"))}
     assert found == known, (
         f"results files without a section here: {found - known}; sections without a file: {known - found}"
@@ -187,6 +189,16 @@ def page(head_lines: list[str]) -> str:
         "",
         *training(),
         "",
+        *(
+            ["## Mutations (`mutations.jsonl`, `python bench/mutations.py`)", "", *mutations()]
+            if "mutations" in known
+            else []
+        ),
+        *(
+            ["## Broken sampling rules, served (`broken_rules.jsonl`, `test_sampled_rules.py`)", "", *broken_rules()]
+            if "broken_rules" in known
+            else []
+        ),
         "## Micro-benchmarks (CPU)",
         "",
         *micro(),
