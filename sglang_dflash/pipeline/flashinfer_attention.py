@@ -30,16 +30,30 @@ def _workspace(dev: torch.device, nbytes: int = 0) -> torch.Tensor:
     return _WORKSPACE[dev]
 
 
+def graph_tile(packed_rows: int, head_dim: int) -> int:
+    """The largest query tile FlashInfer 0.7.2's FA2 prefill plan can choose on any GPU
+    (FA2DetermineCtaTileQ, utils.cuh) when the longest request holds packed_rows (row, head) pairs:
+    128 past 64 rows (head_dim < 256), else 64 (16 on Ampere and later up to 16 rows, or 64 when
+    shared memory is short); 16 or 32 at head_dim >= 512."""
+    if head_dim >= 512:
+        return 16 if packed_rows <= 32 else 32
+    return 128 if packed_rows > 64 and head_dim < 256 else 64
+
+
 def graph_workspace_bytes(bs: int, block: int, num_heads: int, num_kv_heads: int, head_dim: int, num_sm: int) -> int:
-    """An upper bound on FlashInfer's split-kv scratch for a fixed-batch-size plan (CUDA-graph mode
-    forces split-kv and sizes it by the captured batch, not the live one): partial outputs and
-    log-sum-exps, float32, for every query tile, per query head; a quarter more as margin. bs
-    requests of `block` queries each."""
+    """FlashInfer 0.7.2's split-kv scratch for a CUDA-graph plan of bs requests of `block` queries
+    (attention/scheduler.cuh, PrefillSplitQOKVIndptr and PrefillPlan), a quarter more as margin. In
+    CUDA-graph mode the plan sizes for the captured rows, not the live ones: the tile is chosen as if
+    one request held every row but one per other request, the padded batch is at least two CTAs per
+    SM over the KV heads, and the float32 partial outputs and log-sum-exps take ceil(padded * tile /
+    gqa) rows per query head (16-byte aligned each)."""
     gqa = num_heads // num_kv_heads
-    rows = block * gqa  # packed query rows of one request and KV head
-    tile = 16 if rows <= 16 else 64 if rows <= 64 or head_dim >= 256 else 128
-    tiles = max(2 * num_sm // num_kv_heads, -(-bs * rows // tile) + bs - 1)
-    return num_heads * tiles * tile * (head_dim + 1) * 4 * 5 // 4
+    rows = bs * block  # the captured plan's query rows
+    tile = graph_tile((rows - bs + 1) * gqa, head_dim)
+    padded = max(2 * num_sm // num_kv_heads, -(-rows * gqa // tile) + bs - 1)
+    partial = -(-padded * tile // gqa)
+    need = num_heads * partial * (head_dim + 1) * 4 + 2 * 16
+    return need * 5 // 4
 
 
 def _wrapper(dev: torch.device, left: int, backend: str, fixed: Optional[dict] = None):
