@@ -5,6 +5,9 @@ For each candidate drafter (a training checkpoint `WORKDIR/ckpt/best.pt` or an e
   block tokens/s, answers only or not, and the learning curve (held-out walk tau vs tokens);
 - tau_W: the held-out walk (blocks.walk_counts: the serving-equivalent greedy walk, each block
   drafted whole, its first W rows verified) over the first 128 tokens of every held-out answer;
+- sampled_walk: the same walk at each --temperatures T under the argmax / q1 / qall proposal rules
+  (train/sampled_walk.py: expected tokens per verify step from the target's p and the drafter's q
+  per slot, p teacher-forced), {"T0.7": {rule: {W: tau}}}; T0 is the greedy walk again (a check);
 - draft_ms_W: the draft stage (pipeline/draft.propose, the drafter's shape and draft vocabulary;
   random weights, timing does not depend on them) at batch 1, one thread, bf16;
 - verify_ms_W and other_ms_W (sample + KV write) per step, and plain decoding's ITL, measured by the
@@ -40,7 +43,8 @@ from sglang_dflash.model.draft_vocab import d2t_from_ids, ids_from_d2t  # noqa: 
 from sglang_dflash.model.drafter import DFlashDrafter  # noqa: E402
 from sglang_dflash.train.blocks import accepted_per_anchor, walk  # noqa: E402
 from sglang_dflash.model.checkpoint import load_exported  # noqa: E402
-from sglang_dflash.train.features import load_seqs  # noqa: E402
+from sglang_dflash.train.features import load_seqs, load_target  # noqa: E402
+from sglang_dflash.train.sampled_walk import sampled_walk_counts, taus  # noqa: E402
 from sglang_dflash.train.target_files import load_embedding  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
@@ -91,6 +95,30 @@ def plot(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+def plot_sampled(rows: list[dict], path: str) -> None:
+    """Walk tau at the whole block per set: greedy, then each temperature's three proposal rules."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [(t, rule) for t in rows[0]["sampled_walk"] for rule in rows[0]["sampled_walk"][t]]
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    width = 0.8 / len(keys)
+    for i, (t, rule) in enumerate(keys):
+        ys = [r["sampled_walk"][t][rule][str(r["block"])] for r in rows]
+        label = "greedy" if t == "T0" else f"{t} {rule}"
+        ax.bar([j + i * width for j in range(len(rows))], ys, width, label=label)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))])
+    ax.set_xticklabels([f"{r['name']}\n{r['heldout_set']} ({r['heldout']})" for r in rows], fontsize=8)
+    ax.set_ylabel(f"expected tokens per verify step (W{rows[0]['block']})")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def costs(path: str) -> dict:
     """Per-step ms at concurrency 1 T0 from the real_bench run with the most fixed-width rows of the
     package's drafter (the newest of those): {"run", "commit", "itl_plain": ms, W: (verify_ms, other_ms)}."""
@@ -135,13 +163,16 @@ def main():
     ap.add_argument("--max-answer", type=int, default=128)
     ap.add_argument("--set-names", nargs="*", default=[], help="names of the --workdir sets (default: folder names)")
     ap.add_argument("--label", default="", help="what the run compares (the results page's heading)")
+    ap.add_argument("--temperatures", nargs="*", type=float, default=[0.7, 1.0], help="sampled walks (none: off)")
+    ap.add_argument("--max-seqs", type=int, default=0, help="walk the first N of each set (0: all; row: heldout)")
     a = ap.parse_args()
     torch.set_num_threads(2)  # the walks; draft_ms times on one
     model, prov, cost = derive(), provenance.stamp(), costs(a.costs)
-    sets = {w: load_seqs(w)[1] for w in a.workdir}
+    sets = {w: load_seqs(w)[1][: a.max_seqs or None] for w in a.workdir}
     names = a.set_names or [os.path.basename(os.path.normpath(w)) for w in a.workdir]
     set_names = dict(zip(a.workdir, names))  # never a machine's absolute path in the results
     embed = load_embedding(model)
+    target = load_target(model) if a.temperatures else None  # the sampled walks' p
     rows = []
     for cand in a.candidates:
         name, path = cand.split("=", 1)
@@ -161,11 +192,16 @@ def main():
                 speed = tau * cost["itl_plain"] / (verify + dm + other)
                 row["widths"][w] = {"tau": round(tau, 3), "draft_ms": round(dm, 2), "verify_ms": round(verify, 1)}
                 row["widths"][w].update(other_ms=round(other, 1), predicted_speedup=round(speed, 3))
+            if target is not None and getattr(d, "selector", None) is None:  # DFlash 1: per-slot q
+                temps = (0.0, *a.temperatures)
+                kw = dict(widths=tuple(dms), max_answer=a.max_answer, vocab=dv)
+                counts = sampled_walk_counts(d, embed, mask, cfg.block_size, held, target, temps, **kw)
+                row["sampled_walk"] = taus(counts)
             best = max(row["widths"].items(), key=lambda kv: kv[1]["predicted_speedup"])
             row.update(best_width=best[0], predicted_speedup=best[1]["predicted_speedup"], **prov)
             rows.append(row)
             keys = ("name", "heldout_set", "layers", "block", "best_width", "predicted_speedup", "widths")
-            print(json.dumps({k: row[k] for k in keys}), flush=True)
+            print(json.dumps({k: row.get(k) for k in keys + ("sampled_walk",)}), flush=True)
         brief = {k: v for k, v in rows[-1]["training"].items() if k != "curve"}
         print("  training:", json.dumps(brief), flush=True)
     out = os.path.join(RESULTS, "drafter_arms.jsonl")
@@ -173,6 +209,8 @@ def main():
     with open(out) as f:  # every arm measured so far on the first set (the newest row per name)
         latest = {r["name"]: r for r in map(json.loads, f) if r["heldout_set"] == names[0]}
     plot(list(latest.values()), os.path.join(RESULTS, "drafter_arms.png"))
+    if any("sampled_walk" in r for r in rows):
+        plot_sampled([r for r in rows if "sampled_walk" in r], os.path.join(RESULTS, "sampled_walk.png"))
 
 
 if __name__ == "__main__":

@@ -126,7 +126,24 @@ def drafter_arms() -> list[str]:
             body[-1] += [f"{any_['predicted_speedup']:.2f}x (W{any_['best_width']})", train]
         head = ["drafter", "layers / block", "templated tau W4 / W8 / W16", "unseen tau W4 / W8 / W16"]
         out += table(head + ["draft ms (W4)", "predicted c=1", "training"], body) + [""]
+        out += sampled_walks(rs)
     return out
+
+
+def sampled_walks(rs: list[dict]) -> list[str]:
+    """Rows with sampled walks (train/sampled_walk.py): expected tokens per verify step at the whole
+    block, greedy beside each temperature's proposal rules."""
+    rs = [r for r in rs if r.get("sampled_walk")]
+    if not rs:
+        return []
+    keys = [(t, rule) for t in rs[0]["sampled_walk"] if t != "T0" for rule in rs[0]["sampled_walk"][t]]
+    body = []
+    for r in rs:
+        sw, w = r["sampled_walk"], str(r["block"])
+        body.append([r["name"], f"{r['heldout_set']} ({r['heldout']})", f"{sw['T0']['argmax'][w]:.3f}"])
+        body[-1] += [f"{sw[t][rule][w]:.3f}" for t, rule in keys]
+    head = ["drafter", "set (answers)", "greedy"] + [f"{t} {rule}" for t, rule in keys]
+    return ["Sampled walks (expected tokens per verify step, whole block verified):", ""] + table(head, body) + [""]
 
 
 def training() -> list[str]:

@@ -6,6 +6,7 @@ drafter does on prompts unlike its templates (issue 14: the shipped drafter gene
 
     python bench/unseen_set.py --from WORKDIR [WORKDIR2 ...] [--seen-prefix 0:2944] --out UNSEEN_DIR
     python bench/unseen_set.py --fresh --per-family 55 --out UNSEEN_DIR
+    python bench/unseen_set.py --templated N | --long N --out DIR   (the other walk sets, same format)
 
 --fresh: kinds of text no training run has ever read (corpus.py reads Python and /usr/share/doc
 only): C headers under /usr/include, JavaScript under /usr/lib/node_modules, the Python reference
@@ -99,14 +100,35 @@ def fresh(per_family: int, seed: int = 0) -> list[dict]:
 
 def fresh_rows(per_family: int, model: str) -> list[dict]:
     """fresh() as unseen rows: {"id", "source", "family", "prompt_ids"} (the chat template applied)."""
+    return chat_rows([{**d, "id": d["id"].removeprefix("fresh-")} for d in fresh(per_family)], model)
+
+
+def other_rows(kind: str, n: int, model: str, seed: int = 9) -> list[dict]:
+    """Walk sets beside the unseen one, as rows like fresh_rows': "templated" the first n held-out
+    prompts of train/prompts.py (held out by content hash in every run), "long" the first n of
+    train/long_prompts.py (a whole installed file or document, then a question; only the long arm
+    trains on them)."""
+    if kind == "templated":
+        from sglang_dflash.train.prompts import generate
+
+        picked = [p for p in generate(40 * n, seed) if p["split"] == "heldout"][:n]
+    else:
+        from sglang_dflash.train.long_prompts import long_prompts
+
+        picked = long_prompts(seed)[:n]
+    return chat_rows(picked, model)
+
+
+def chat_rows(prompts: list[dict], model: str) -> list[dict]:
+    """{"id", "family", "messages"} -> {"id", "family", "prompt_ids"} (the chat template applied)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
     rows = []
-    for d in fresh(per_family):
+    for d in prompts:
         ids = tok.apply_chat_template(d["messages"], tokenize=True, add_generation_prompt=True)
         ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
-        rows.append({"id": d["id"].removeprefix("fresh-"), "family": d["family"], "prompt_ids": ids})
+        rows.append({"id": d["id"], "family": d["family"], "prompt_ids": ids})
     return rows
 
 
@@ -114,6 +136,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--from", dest="src", nargs="+", help="training workdirs (text.jsonl, features/)")
     ap.add_argument("--fresh", action="store_true", help="kinds of text no training run reads (fresh())")
+    ap.add_argument("--templated", type=int, default=0, help="N: the first N templated held-out prompts instead")
+    ap.add_argument("--long", type=int, default=0, help="N: the first N long-context prompts instead")
     ap.add_argument("--seen-prefix", nargs="*", default=[], help="SEED:N, a run's documents not on this machine")
     ap.add_argument("--out", required=True)
     ap.add_argument("--per-family", type=int, default=24)
@@ -123,9 +147,12 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     model, path = derive(), os.path.join(a.out, "data.jsonl")
     done = done_ids(path)
-    if a.fresh == bool(a.src):
-        ap.error("give --from WORKDIR ... or --fresh")
-    picked = fresh_rows(a.per_family, model) if a.fresh else pick(a.src, a.per_family, seen_prefix=a.seen_prefix)
+    if [bool(a.src), a.fresh, a.templated > 0, a.long > 0].count(True) != 1:
+        ap.error("give one of --from WORKDIR ..., --fresh, --templated N, --long N")
+    if a.templated or a.long:
+        picked = other_rows("templated" if a.templated else "long", a.templated or a.long, model)
+    else:
+        picked = fresh_rows(a.per_family, model) if a.fresh else pick(a.src, a.per_family, seen_prefix=a.seen_prefix)
     with open(os.path.join(a.out, "picked.jsonl"), "w") as f:
         f.writelines(json.dumps({"id": "unseen-" + r["id"], "source": r["id"]}) + "\n" for r in picked)
     todo = [r for r in picked if "unseen-" + r["id"] not in done]
