@@ -1,7 +1,7 @@
 """csrc/llama_layer_cpu.cpp: one Llama decoder layer in one call equals the same ops called one by
 one in the order srt/llama_stack.py called them (norm, QKV GEMM, rotary, KV write, chain attention,
 output GEMM, norm, gate/up GEMM, torch's silu and mul, down GEMM) bit for bit, outputs and the KV
-pool alike, at layer 0 (no residual) and after it, one request and several, 1 to 4 rows each, with
+pool alike, at layer 0 (no residual) and after it, one request and several, 1 to 16 rows each, with
 the GEMMs on bf16_linear or (past gemm_rows, as srt/cpu_linear.py routes them) torch's linear; the
 torch reference (kernels/reference.py) within bf16 rounding; opcheck; bad input."""
 
@@ -73,7 +73,7 @@ def call(fn, h, residual, positions, w, kc, vc, out_loc, slots, prefix, eps=1e-5
     return fn(*args, w["down_w"], CS, kc, vc, out_loc, slots, prefix, H, HKV, D, eps, scale, True, gemm_rows)
 
 
-@pytest.mark.parametrize("bs,rows", [(1, 1), (1, 4), (3, 2), (4, 4), (32, 4)])
+@pytest.mark.parametrize("bs,rows", [(1, 1), (1, 4), (3, 2), (4, 4), (32, 4), (1, 16), (2, 8), (4, 16)])
 @pytest.mark.parametrize("first", [True, False])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("gemm_rows", [2**62, 3])
@@ -88,6 +88,23 @@ def test_one_call_equals_the_ops_one_by_one(bs, rows, first, bias, gemm_rows):
     assert torch.equal(kc, kc2) and torch.equal(vc, vc2)  # the same K/V written at the same slots
     if first:
         assert torch.equal(got[1], h)  # layer 0: the embeddings are the residual stream
+
+
+@pytest.mark.parametrize("bs,narrow", [(1, 1), (1, 4), (3, 5)])
+def test_a_rows_output_does_not_depend_on_the_width_verified(bs, narrow):
+    """A verify of 16 rows a request gives its first `narrow` rows the bits a verify of `narrow` rows
+    gives them (our GEMM and chain attention compute each row on its own), so the width controller
+    choosing a wider verify never changes what a narrower one would have committed."""
+    w = layer()
+    wide = 16
+    h, residual, positions, kc, vc, out_loc, slots, prefix = batch(bs, wide, seed=7)
+    keep = torch.cat([torch.arange(i * wide, i * wide + narrow) for i in range(bs)])
+    kn, vn = kc.clone(), vc.clone()
+    got = call(OPS.llama_layer, h, residual, positions, w, kc, vc, out_loc, slots, prefix)
+    args = (h[keep], residual[keep], positions[keep], w, kn, vn, out_loc[keep], slots, prefix)
+    want = call(OPS.llama_layer, *args)
+    for a, b in zip(got, want):
+        assert torch.equal(a[keep], b)
 
 
 def test_reference_within_bf16_rounding_and_opcheck():

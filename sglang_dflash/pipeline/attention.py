@@ -7,8 +7,8 @@ Requests are not looped over: their keys are gathered into one padded [bs, L] sl
 mask hides the padding (and what causality or a window hides). On CPU the requests are first sorted
 by length and cut into a few length groups, one SDPA call each: the CPU SDPA kernel computes masked
 keys in full, so padding a 100-key request to 800 keys would cost more than the loop it replaces.
-Where the extension is built, calls of up to FUSED_MAX_ROWS rows a request read the rows in place
-instead (fused(): chain_attention, one op a layer; SGLANG_DFLASH_CPU_ATTENTION=0 keeps the gather +
+Where the extension is built, verify calls (and draft calls of up to FUSED_MAX_ROWS rows a request)
+read the rows in place instead (fused(): chain_attention, one op a layer; SGLANG_DFLASH_CPU_ATTENTION=0 keeps the gather +
 SDPA path everywhere).
 """
 
@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from sglang_dflash import env, kernels
+from sglang_dflash.model.config import MAX_BLOCK_SIZE
 
 # Longest first, a request joins the current length group while padding it to the group's longest
 # row adds at most this many keys or this fraction of that row; each extra group costs one SDPA call
@@ -112,19 +113,22 @@ def batched_rows(
     return out.reshape(bs, heads, rows, -1).transpose(1, 2)
 
 
-# chain_attention (scores as key-blocked FMAs, docs/serving.md Cut 8) against gather + SDPA, bf16, one
-# thread, one layer (`make bench-ops`; 1 / 4 / 16 requests of ~320 keys): 1 row a request 1.85x /
-# 1.89x / 1.74x, 2 rows 2.0x / 1.26x / 1.93x, 4 rows 1.62x / 1.02x / 1.26x, 8 rows 1.23x / 0.85x /
-# 0.83x, 16 rows 0.94x / 0.75x / 0.89x: SDPA's tiled GEMMs win from 8 rows a request at a few
-# requests, so the bound is 4 (the drafter's 16-row block keeps SDPA).
+# The drafter's block (non-causal, every block row a query) keeps gather + SDPA past 4 rows a request:
+# chain_attention against it, bf16, one layer (`make bench-ops`), won at 1-4 rows and lost at 8-16 with
+# a few requests. A verify step's rows take chain_attention at any width: there it lets each target
+# layer run as one call (srt/llama_stack.py), and a row's result does not depend on the width verified
+# (its arithmetic is its own in any pass), so widening a verify never changes a narrower one's logits.
 FUSED_MAX_ROWS = 4
+VERIFY_MAX_ROWS = MAX_BLOCK_SIZE
 
 
-def fused(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: int) -> bool:
+def fused(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: int, max_rows: int = FUSED_MAX_ROWS
+) -> bool:
     """chain_attention serves this call of `rows` query rows a request: CPU, one float dtype
-    throughout, few rows, the extension built."""
+    throughout, at most max_rows rows, the extension built."""
     return (
-        rows <= FUSED_MAX_ROWS
+        rows <= max_rows
         and q.device.type == "cpu"
         and q.dtype in (torch.float32, torch.bfloat16)
         and k_cache.dtype == q.dtype == v_cache.dtype

@@ -9,7 +9,7 @@ dispatch and our hooks, around four GEMMs, two norms, one rotary embedding and o
 linear layers, where every norm, rotary embedding and GEMM of the step would take our fused op
 anyway (srt/cpu_linear.py's own tests, asked once a step), this forward calls those ops directly, in
 SGLang's order, on the same tensors; the activation and attention still go through SGLang's modules.
-Where a verify step's attention takes our fused chain kernel (up to 4 rows a request) through
+Where a verify step's attention takes our fused chain kernel (any width) through
 SGLang's torch_native backend, each layer is instead one call of csrc/llama_layer_cpu.cpp, which
 runs the same ops (SGLang's KV write and the backend's attention included) from C++: the ~10
 Python op calls a layer cost more than their kernels. Nothing is computed differently, so the
@@ -192,7 +192,7 @@ def _layer_op_step(model, forward_batch, h):
     verify attention), rows a request few enough for the fused chain attention, a bf16 MHA pool."""
     from sglang.srt.model_executor.forward_context import get_attn_backend
 
-    from sglang_dflash.pipeline.attention import fused
+    from sglang_dflash.pipeline.attention import VERIFY_MAX_ROWS, fused
     from sglang_dflash.srt.verify_backend import verify_slots
 
     if not _state["layer_op"] or not forward_batch.forward_mode.is_target_verify():
@@ -206,7 +206,9 @@ def _layer_op_step(model, forward_batch, h):
     attn = model.layers[0].self_attn
     rows = h.shape[0] // forward_batch.batch_size
     k0, v0 = pool.get_key_buffer(attn.attn.layer_id), pool.get_value_buffer(attn.attn.layer_id)
-    if k0.dtype != torch.bfloat16 or not fused(h.new_empty(0, attn.num_heads, attn.head_dim), k0, v0, rows):
+    if k0.dtype != torch.bfloat16 or not fused(
+        h.new_empty(0, attn.num_heads, attn.head_dim), k0, v0, rows, VERIFY_MAX_ROWS
+    ):
         return None
     return (pool, *verify_slots(backend, forward_batch, rows))
 

@@ -11,7 +11,7 @@ from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
 import torch
 
-from sglang_dflash.pipeline.attention import RowPlan, attend_plan, fused, slot_table, verify_plan
+from sglang_dflash.pipeline.attention import VERIFY_MAX_ROWS, RowPlan, attend_plan, fused, slot_table, verify_plan
 
 
 def verify_forward(target_worker, batch, draft, positions, slots, widths=None):
@@ -86,7 +86,7 @@ def torch_native_verify(backend, q, k, v, layer, forward_batch, save_kv_cache=Tr
     k_cache = backend.token_to_kv_pool.get_key_buffer(layer.layer_id)
     v_cache = backend.token_to_kv_pool.get_value_buffer(layer.layer_id)
     block = q.shape[0] // forward_batch.batch_size
-    if fused(q_, k_cache, v_cache, block):
+    if fused(q_, k_cache, v_cache, block, VERIFY_MAX_ROWS):
         slots, prefix = verify_slots(backend, forward_batch, block)
         out = torch.ops.sglang_dflash.chain_attention(q_, k_cache, v_cache, slots, prefix, layer.scaling, True)
     else:
