@@ -13,7 +13,7 @@ from sglang_dflash.pipeline.draft import Proposal, sample_drafts
 from sglang_dflash.pipeline.noise import WALK, gumbel
 from sglang_dflash.pipeline.target_sampling import SamplingRows, target_tokens
 from sglang_dflash.train.blocks import walk
-from sglang_dflash.train.sampled_walk import RULES, candidate_probs, expected_walk, slot_accept
+from sglang_dflash.train.sampled_walk import RULES, candidate_probs, expected_walk, first_max_topk, slot_accept
 
 # one anchor, two slots, three candidates (descending drafter logit); p leaves mass off the candidates
 P = torch.tensor([[[0.2, 0.6, 0.1], [0.9, 0.05, 0.0]]], dtype=torch.float64)  # [A=1, K=2, C=3]
@@ -46,6 +46,13 @@ def test_candidate_probs_gathers_softmax_at_temperature():
     rows, cand = torch.tensor([[0, 3], [4, 1]]), torch.randint(0, 11, (2, 2, 4))
     want = torch.softmax(logits / 0.7, -1)[rows[..., None], cand]
     assert torch.allclose(candidate_probs(logits, rows, cand, 0.7), want, atol=1e-6)
+
+
+def test_first_max_topk_puts_the_first_tied_maximum_first():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 3.0, 3.0], [0.0, 0.0, 0.0, 0.0, 5.0]])
+    vals, idx = first_max_topk(logits, 3)
+    assert idx[0].tolist() == [1, 3, 4] and vals[:, 0].tolist() == [3.0, 5.0]  # row 1: which zeros is free
+    assert torch.equal(idx[:, 0], logits.argmax(-1))
 
 
 def test_expected_walk_by_hand():

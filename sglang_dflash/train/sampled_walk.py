@@ -93,6 +93,16 @@ def candidate_probs(logits: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor
     return logp.reshape(-1)[flat].exp()
 
 
+def first_max_topk(logits: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [N, V] -> the top c (values, indices) [N, c], equal values in ascending index, so
+    column 0 is argmax()'s first maximum: the argmax draft the server makes (bf16 logits tie often)."""
+    vals, idx = logits.topk(c, dim=-1)
+    order = idx.argsort(-1)
+    vals, idx = vals.gather(-1, order), idx.gather(-1, order)
+    vals, order = vals.sort(dim=-1, descending=True, stable=True)
+    return vals, idx.gather(-1, order)
+
+
 @torch.no_grad()
 def sampled_walk_counts(
     drafter: DFlashDrafter,
@@ -124,7 +134,7 @@ def sampled_walk_counts(
             hidden, labels = block_hidden(drafter, embed, mask_token_id, block, [(s, anchors)])  # [A, K, H], [A, K]
         a, k, h = hidden.shape
         logits = (hidden.reshape(a * k, h).to(w.dtype) @ w.t()).float()  # [A*K, N]
-        vals, idx = logits.topk(min(DRAFT_TOP_K, logits.shape[1]), dim=-1)
+        vals, idx = first_max_topk(logits, min(DRAFT_TOP_K, logits.shape[1]))
         vals, idx = vals.view(a, k, -1), idx.view(a, k, -1)
         cand = idx if vocab is None else vocab[idx]  # target ids [A, K, C]
         valid = labels != -100  # the rows the greedy walk labels: inside the sequence, on the chain
