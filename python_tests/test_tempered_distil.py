@@ -51,3 +51,25 @@ def test_temper_sharpens_below_one_and_keeps_empty_rows():
     assert torch.allclose(same, p)
     with pytest.raises(ValueError, match="distil-temperature"):
         temper(hidden, (torch.zeros(2, 3, dtype=torch.long), p), 0.0)
+
+
+def test_tiny_training_at_temperature(tmp_path):
+    """train --distil 1 --distil-temperature 0.7 on the tiny target: the trainer runs the tempered
+    loss, still learns the answers, and records the temperature."""
+    import json
+    import os
+
+    from train_helpers import _tiny_workdir, train_run
+
+    from sglang_dflash.testing.tiny_models import tiny_model_cache
+    from sglang_dflash.train import features
+
+    torch.set_num_threads(1)
+    target = str(tiny_model_cache("llama", "float32"))
+    wd = _tiny_workdir(tmp_path)
+    features.run(wd, target, num_context_layers=1, shard_size=6, dtype=torch.float32, topk=8)
+    kw = dict(num_layers=1, block_size=4, lr=1e-2, anchors=8, seqs=4, ckpt_minutes=100, resume=False)
+    out = train_run(wd, target, steps=200, distil=1.0, distil_temperature=0.7, eval_anchors=40, command="t", **kw)
+    assert out["loss_last"] < out["loss_first"] and out["best_tau"] > 1.5, out
+    with open(os.path.join(wd, "train_summary.json")) as f:
+        assert json.load(f)["distil_temperature"] == 0.7
