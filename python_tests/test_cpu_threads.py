@@ -1,6 +1,8 @@
 """srt/cpu_threads.py: how many OpenMP threads a CPU scheduler's forward gets (the served counts are
 checked by test_forced.py: one server, every core; test_scale_out.py: replicas and --dp-size ranks, a share each)."""
 
+import os
+
 import pytest
 
 from sglang_dflash.cpu_serving import cpu_env
@@ -72,8 +74,15 @@ def test_the_cgroup_quota_is_read(tmp_path):
     assert cpu_quota(str(tmp_path / "absent")) is None
 
 
-def test_a_cpu_dflash_server_sleeps_when_idle():
+def test_a_cpu_dflash_server_sleeps_when_idle_and_spins_briefly(monkeypatch):
     from sglang_dflash.srt.hooks import cpu_defaults
 
-    assert cpu_defaults("cpu") == {"sleep_on_idle": True}
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     assert cpu_defaults("cuda") == {}
+    assert "GOMP_SPINCOUNT" not in os.environ
+    assert cpu_defaults("cpu") == {"sleep_on_idle": True}
+    assert os.environ["GOMP_SPINCOUNT"] == "10000"  # for the schedulers spawned from here
+    monkeypatch.setenv("GOMP_SPINCOUNT", "7")
+    cpu_defaults("cpu")
+    assert os.environ["GOMP_SPINCOUNT"] == "7"  # a user's own setting wins
+    assert cpu_env({})["GOMP_SPINCOUNT"] == "10000"  # our launcher sets it before any process starts

@@ -89,5 +89,13 @@ def test_the_users_thread_count_wins_and_is_logged(user_server):
     *_, log_path = user_server
     with open(log_path) as f:
         log = f.read()
-    found = re.findall(r"the forward runs on (\d+) OpenMP thread\(s\), set by (\S+)", log)
+    found = re.findall(r"the forward runs on (\d+) OpenMP thread\(s\), set by ([^;]+);", log)
     assert found == [("1", "OMP_NUM_THREADS")], log[-3000:]
+
+
+@pytest.mark.server
+def test_the_schedulers_openmp_threads_spin_briefly(user_server):
+    *_, log_path = user_server
+    with open(log_path) as f:
+        log = f.read()
+    assert re.findall(r"OpenMP thread\(s\), set by \S+; GOMP_SPINCOUNT (\S+)", log) == ["10000"], log[-3000:]

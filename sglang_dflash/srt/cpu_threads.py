@@ -104,5 +104,6 @@ def init_cpu_threads_env(original, *args, **kwargs):
     bound = kwargs.get("local_omp_cpuid", args[0] if args else None)
     n, why = thread_choice(bound, os.environ, usable_cores(), cpu_quota())
     torch.set_num_threads(n)
-    logger.info("sglang_dflash: the forward runs on %d OpenMP thread(s), set by %s", n, why)
+    spin = os.environ.get("GOMP_SPINCOUNT", "libgomp's default")
+    logger.info("sglang_dflash: the forward runs on %d OpenMP thread(s), set by %s; GOMP_SPINCOUNT %s", n, why, spin)
     return out
