@@ -1,35 +1,71 @@
-// CPU features the CPU ops ask at run time, one definition for all of them (GCC's
-// __builtin_cpu_supports; false off x86-64, where only the baseline kernels are built).
+// CPU features the CPU ops ask at run time, one definition for all of them: the ISA level every
+// kernel's dispatch reads. Levels nest (each implies the ones below it):
+//   0 scalar, 1 avx2 (AVX2 + FMA), 2 avx512 (AVX-512F), 3 avx512bf16 (+ AVX512-BW, AVX512-BF16),
+//   4 amx (+ AMX tiles and AMX-BF16, enabled by the OS: oneDNN's bf16 GEMMs, srt/packed_weights.py).
+// SGLANG_DFLASH_CPU_ISA (sglang_dflash/env.py CPU_ISA) caps the level below what the CPU has, so CI runs
+// every lower path on any host; the level is read once per process (tests set it in a subprocess).
+// Off x86-64 only the baseline kernels are built: the level is 0.
 #pragma once
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <strings.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 namespace dflash_cpu {
 
-inline bool has_avx2_fma() {
+enum IsaLevel : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3, kAmx = 4 };
+inline constexpr const char* kIsaNames[] = {"scalar", "avx2", "avx512", "avx512bf16", "amx"};
+
 #if defined(__x86_64__)
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
+// AMX-BF16 and AMX-TILE (CPUID.7.0:EDX bits 22, 24) and the OS saving tile state (XCR0 bits 17, 18).
+inline bool amx_bf16_usable() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) return false;
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & (3u << 17)) == (3u << 17);
+}
+#endif
+
+// The highest level this CPU (and its OS) supports.
+inline int detected_isa() {
+#if defined(__x86_64__)
+  static const int level = [] {
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return int(kScalar);
+    if (!__builtin_cpu_supports("avx512f")) return int(kAvx2);
+    if (!__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512bf16")) return int(kAvx512);
+    return int(amx_bf16_usable() ? kAmx : kAvx512Bf16);
+  }();
+  return level;
 #else
-  return false;
+  return kScalar;
 #endif
 }
 
-inline bool has_avx512f() {
-#if defined(__x86_64__)
-  static const bool ok = __builtin_cpu_supports("avx512f");
-  return ok;
-#else
-  return false;
-#endif
+// SGLANG_DFLASH_CPU_ISA: unset, empty or `auto` put no cap; an unknown value is an error naming the fix.
+inline int isa_cap() {
+  const char* v = std::getenv("SGLANG_DFLASH_CPU_ISA");
+  if (v == nullptr || *v == '\0' || strcasecmp(v, "auto") == 0) return kAmx;
+  for (int i = kScalar; i <= kAmx; ++i) {
+    if (strcasecmp(v, kIsaNames[i]) == 0) return i;
+  }
+  TORCH_CHECK(false, "SGLANG_DFLASH_CPU_ISA=", v, ": expected one of auto, scalar, avx2, avx512, avx512bf16, amx");
 }
 
-inline bool has_avx512_bf16() {
-#if defined(__x86_64__)
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512bf16");
-  return ok;
-#else
-  return false;
-#endif
+// The level every CPU kernel dispatches on: what the CPU has, capped by SGLANG_DFLASH_CPU_ISA.
+inline int isa_level() {
+  static const int level = std::min(detected_isa(), isa_cap());
+  return level;
 }
+
+inline bool has_avx2_fma() { return isa_level() >= kAvx2; }
+inline bool has_avx512f() { return isa_level() >= kAvx512; }
+inline bool has_avx512_bf16() { return isa_level() >= kAvx512Bf16; }
+inline bool has_amx_bf16() { return isa_level() >= kAmx; }
 
 }  // namespace dflash_cpu

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu_features.h"
 #include "dflash_checks.h"
 
 namespace sglang_dflash {
@@ -124,6 +125,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_ve
   return {accept, bonus, commit, seq, out};
 }
 
+// (the ISA level every CPU kernel dispatches on, the CPU's own): csrc/cpu_features.h, for Python to ask
+std::tuple<int64_t, int64_t> cpu_isa() { return {dflash_cpu::isa_level(), dflash_cpu::detected_isa()}; }
+
 TORCH_LIBRARY(sglang_dflash, m) {
   m.def("write_draft_kv(Tensor k, Tensor v, Tensor k_norm_weight, Tensor cos_sin_cache, Tensor positions, "
         "Tensor slots, Tensor(a!) k_cache, Tensor(b!) v_cache, float eps, bool neox, float kv_scale) -> ()");
@@ -142,11 +146,16 @@ TORCH_LIBRARY(sglang_dflash, m) {
         "Tensor o_w, Tensor ln2, Tensor gate_up_w, Tensor down_w, Tensor cos_sin_cache, Tensor(a!) k_cache, "
         "Tensor(b!) v_cache, Tensor out_loc, Tensor slots, Tensor prefix, int num_heads, int num_kv_heads, "
         "int head_size, float eps, float scale, bool neox, int gemm_rows) -> (Tensor, Tensor, Tensor)");  // CPU only: llama_layer_cpu.cpp
+  m.def("cpu_isa() -> (int, int)");
 }
+
+// No tensor argument to dispatch on: a call with none lands here.
+TORCH_LIBRARY_IMPL(sglang_dflash, CompositeExplicitAutograd, m) { m.impl("cpu_isa", &cpu_isa); }
 
 TORCH_LIBRARY_IMPL(sglang_dflash, CPU, m) {
   m.impl("write_draft_kv", &write_draft_kv_cpu);
   m.impl("linear_verify_accept", &linear_verify_accept_cpu);
+  m.impl("cpu_isa", &cpu_isa);
 }
 
 }  // namespace sglang_dflash

@@ -190,6 +190,14 @@ CPU_ATTENTION = EnvVar(
     "K/V read in place through the slot table, no gathered copy): `1` (float32 and bf16), `0` (gather + torch SDPA)",
     choices=("1", "0"),
 )
+CPU_ISA = EnvVar(
+    "SGLANG_DFLASH_CPU_ISA",
+    str,
+    "auto",
+    "CPU kernels' instruction set at most (csrc/cpu_features.h, capped by what the CPU has; read once per "
+    "process): `auto` (the CPU's best), `scalar`, `avx2`, `avx512`, `avx512bf16`, `amx` (oneDNN's AMX GEMMs)",
+    choices=("auto", "scalar", "avx2", "avx512", "avx512bf16", "amx"),
+)
 GRAPHS = EnvVar(
     "SGLANG_DFLASH_GRAPHS",
     str,

@@ -38,13 +38,14 @@ SCHEMAS = {
     "Tensor o_w, Tensor ln2, Tensor gate_up_w, Tensor down_w, Tensor cos_sin_cache, Tensor(a!) k_cache, "
     "Tensor(b!) v_cache, Tensor out_loc, Tensor slots, Tensor prefix, int num_heads, int num_kv_heads, "
     "int head_size, float eps, float scale, bool neox, int gemm_rows) -> (Tensor, Tensor, Tensor)",
+    "cpu_isa": "() -> (int, int)",
 }
 # Ops with a CPU kernel only: the target's bf16 GEMMs, rotary embedding and RMSNorm on a CPU
 # (srt/cpu_linear.py) and its verify attention (srt/verify_backend.py); on GPU SGLang's own kernels
 # (and FlashInfer for verify) run them.
 CPU_ONLY = frozenset(
     {"bf16_linear", "pack_linear", "unpack_linears", "packed_linear", "rope_qk", "chain_attention", "rms_norm",
-     "llama_layer"}
+     "llama_layer", "cpu_isa"}
 )  # fmt: skip
 
 _state = {"loaded": False, "backend": None}
@@ -136,3 +137,11 @@ def load() -> str:
 def ops():
     load()
     return torch.ops.sglang_dflash
+
+
+def cpu_isa() -> tuple[str, str]:
+    """(the ISA level every CPU kernel dispatches on, the CPU's own), one of reference.ISA_LEVELS each:
+    the extension's feature detection (csrc/cpu_features.h), capped by SGLANG_DFLASH_CPU_ISA."""
+    env.CPU_ISA.get()  # an unknown value fails here, naming the choices
+    level, detected = ops().cpu_isa()
+    return reference.ISA_LEVELS[level], reference.ISA_LEVELS[detected]

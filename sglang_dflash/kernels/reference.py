@@ -10,6 +10,8 @@ pack_linear / unpack_linears / packed_linear: F.linear, on a weight packed once 
 rope_qk: SGLang's RotaryEmbedding.forward_native, bit for bit in bf16 (CPU only).
 chain_attention: B rows per request over its paged KV, causal (the target's verify) or not (the
     drafter's block) (CPU only).
+cpu_isa: (the ISA level the CPU kernels dispatch on, the CPU's own), from /proc/cpuinfo's flags and
+    SGLANG_DFLASH_CPU_ISA (the extension asks the CPU itself: csrc/cpu_features.h).
 """
 
 from __future__ import annotations
@@ -199,3 +201,23 @@ def llama_layer_ref(h, residual, positions, ln1, qkv_w, qkv_b, o_w, ln2, gate_up
     gu = bf16_linear_ref(x2, gate_up_w, None)
     d = gu.shape[-1] // 2
     return bf16_linear_ref(torch.nn.functional.silu(gu[..., :d]) * gu[..., d:], down_w, None), res_mid, res_out
+
+
+ISA_LEVELS = ("scalar", "avx2", "avx512", "avx512bf16", "amx")  # csrc/cpu_features.h's levels, in order
+# /proc/cpuinfo flags each level adds to the one below it
+ISA_FLAGS = ((), ("avx2", "fma"), ("avx512f",), ("avx512bw", "avx512_bf16"), ("amx_tile", "amx_bf16"))
+
+
+def cpu_isa_ref() -> tuple[int, int]:
+    from sglang_dflash import env
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+    except OSError:
+        flags = []
+    detected = 0
+    while detected + 1 < len(ISA_LEVELS) and all(f in flags for f in ISA_FLAGS[detected + 1]):
+        detected += 1
+    cap = env.CPU_ISA.get()
+    return min(detected, ISA_LEVELS.index(cap) if cap != "auto" else detected), detected

@@ -58,23 +58,21 @@ def native_bf16() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def cpu_flag(name: str) -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and f" {name} " in line.split(":", 1)[-1] + " " for line in f)
-    except OSError:
-        return False
+def _isa_at_least(level: str) -> bool:
+    from sglang_dflash import kernels
+
+    return kernels.reference.ISA_LEVELS.index(kernels.cpu_isa()[0]) >= kernels.reference.ISA_LEVELS.index(level)
 
 
 def dot_bf16() -> bool:
-    """The CPU has AVX512-BF16, so bf16_linear takes its native path (csrc/bf16_linear_cpu.cpp
-    has_avx512_bf16 asks the same CPU flag)."""
-    return cpu_flag("avx512_bf16")
+    """bf16_linear takes its AVX512-BF16 path: the extension's own dispatch level (csrc/cpu_features.h,
+    SGLANG_DFLASH_CPU_ISA) says so."""
+    return _isa_at_least("avx512bf16")
 
 
 def amx_bf16() -> bool:
-    """The CPU has AMX bf16 tiles, which oneDNN's bf16 matmul uses."""
-    return cpu_flag("amx_bf16")
+    """The CPU has AMX bf16 tiles, which oneDNN's bf16 matmul uses (and SGLANG_DFLASH_CPU_ISA allows them)."""
+    return _isa_at_least("amx")
 
 
 def max_rows(native: bool, dot: bool, amx: bool, packed: bool = False):
