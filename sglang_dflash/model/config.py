@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
-
-class DrafterConfigError(ValueError):
-    """A drafter checkpoint that cannot serve with this target. The message names the field."""
+# DrafterConfigError and the DFlash 2 names are imported from here by callers too
+from sglang_dflash.model.config_fields import DrafterConfigError, dflash_field
+from sglang_dflash.model.dflash2_config import DFLASH2_FIELDS, SELECTOR_WALKS, DFlash2Config, parse_dflash2  # noqa: F401
 
 
 def default_target_layer_ids(num_target_layers: int, num_context_layers: int) -> list[int]:
@@ -59,63 +59,6 @@ class DrafterConfig:
         return len(self.target_layer_ids)
 
 
-@dataclass
-class DFlash2Config:
-    """DFlash 2 additions: two-tap grouped dynamic convolutions and the candidate path selector."""
-
-    conv_kernel_size: int  # taps per dynamic convolution (2)
-    conv_group_size: int  # channels sharing one dynamic coefficient (16)
-    selector_rank: int  # rank of the predecessor/successor codebooks (256)
-    selector_top_k: int  # candidates kept per block position (16)
-    output_multiplier: float = 1.0  # scales candidate logits before the selector scores them
-    final_logit_softcapping: Optional[float] = None  # cap * tanh(logit / cap) on candidate logits
-    selector_walk: str = "best"  # a greedy draft's path: "best" (Viterbi) or "chain" (path_walk.py)
-
-    @property
-    def uses_conv(self) -> bool:
-        return self.conv_kernel_size > 0
-
-
-DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-SELECTOR_WALKS = ("best", "chain")
-
-
-def parse_dflash2(cfg: dict, hidden: int) -> Optional[DFlash2Config]:
-    """None for a DFlash 1 checkpoint; the DFlash 2 fields (all four required together) otherwise."""
-    present = [k for k in DFLASH2_FIELDS if _get(cfg, k) is not None]
-    if not present:
-        return None
-    missing = [k for k in DFLASH2_FIELDS if k not in present]
-    if missing:
-        raise DrafterConfigError(
-            f"DFlash 2 drafter config sets {present} but lacks {missing}; a DFlash 2 "
-            "checkpoint needs all of conv_kernel_size, conv_group_size, selector_rank, "
-            "selector_top_k (in dflash_config)"
-        )
-    d = {k: _get(cfg, k) for k in DFLASH2_FIELDS}
-    for k, v in d.items():
-        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if k == "conv_kernel_size" else 1):
-            raise DrafterConfigError(f"dflash_config.{k} must be a positive int, got {v!r}")
-    if hidden % d["conv_group_size"]:
-        raise DrafterConfigError(
-            f"dflash_config.conv_group_size={d['conv_group_size']} must divide hidden_size={hidden}"
-        )
-    mult = _get(cfg, "output_multiplier", 1.0)
-    cap = _get(cfg, "final_logit_softcapping")
-    if not isinstance(mult, (int, float)) or mult <= 0:
-        raise DrafterConfigError(f"drafter config output_multiplier must be a positive number, got {mult!r}")
-    if cap is not None and (not isinstance(cap, (int, float)) or cap <= 0):
-        raise DrafterConfigError(
-            f"drafter config final_logit_softcapping must be a positive number or null, got {cap!r}"
-        )
-    walk = _get(cfg, "selector_walk", "best")
-    if walk not in SELECTOR_WALKS:
-        raise DrafterConfigError(f"dflash_config.selector_walk must be one of {SELECTOR_WALKS}, got {walk!r}")
-    return DFlash2Config(
-        **d, output_multiplier=float(mult), final_logit_softcapping=cap and float(cap), selector_walk=walk
-    )
-
-
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -153,11 +96,6 @@ def parse_layer_windows(cfg: dict, num_layers: int) -> list[Optional[int]]:
     return [window if t == "sliding_attention" else None for t in types]
 
 
-def _get(cfg: dict, key: str, default: Any = None) -> Any:
-    dflash = cfg.get("dflash_config") or {}
-    return dflash.get(key, cfg.get(key, default))
-
-
 def _need_int(cfg: dict, key: str, minimum: int = 1) -> int:
     val = cfg.get(key)
     if not isinstance(val, int) or isinstance(val, bool) or val < minimum:
@@ -171,7 +109,7 @@ def _need_int(cfg: dict, key: str, minimum: int = 1) -> int:
 def read_block_size(path: str) -> int:
     """The drafter's trained block size (the server's default block size)."""
     with open(os.path.join(path, "config.json")) as f:
-        block = _get(json.load(f), "block_size")
+        block = dflash_field(json.load(f), "block_size")
     if not isinstance(block, int) or block < 2:
         raise DrafterConfigError(
             f"drafter config 'block_size' must be an int >= 2, got {block!r} (in {path}/config.json)"
@@ -221,7 +159,7 @@ def parse_drafter_config(cfg: dict, target_num_layers: int) -> DrafterConfig:
     heads = _need_int(cfg, "num_attention_heads")
     kv_heads = cfg.get("num_key_value_heads", heads)
     head_dim = cfg.get("head_dim") or hidden // heads
-    block_size = _get(cfg, "block_size")
+    block_size = dflash_field(cfg, "block_size")
     if block_size is None:
         raise DrafterConfigError(
             "drafter config has no 'block_size' (top level or dflash_config); "
@@ -229,13 +167,13 @@ def parse_drafter_config(cfg: dict, target_num_layers: int) -> DrafterConfig:
         )
     if not isinstance(block_size, int) or block_size < 2:
         raise DrafterConfigError(f"drafter config 'block_size' must be an int >= 2, got {block_size!r}")
-    mask_token_id = _get(cfg, "mask_token_id")
-    mask_token = _get(cfg, "mask_token")
+    mask_token_id = dflash_field(cfg, "mask_token_id")
+    mask_token = dflash_field(cfg, "mask_token")
     if mask_token_id is None and mask_token is None:
         raise DrafterConfigError(
             "drafter config has no mask token: set dflash_config.mask_token_id (or the older 'mask_token' string)"
         )
-    ids = _get(cfg, "target_layer_ids")
+    ids = dflash_field(cfg, "target_layer_ids")
     if ids is None:
         ids = default_target_layer_ids(target_num_layers, num_layers)
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
