@@ -226,6 +226,14 @@ FLASHINFER_BACKEND = EnvVar(
     "attention pins), `fa3` (Hopper), `auto` (FlashInfer's choice: fa3 on Hopper)",
     choices=("fa2", "fa3", "auto"),
 )
+DRAIN_S = EnvVar(
+    "SGLANG_DFLASH_DRAIN_S",
+    int,
+    60,
+    "seconds a SIGTERM'd server lets running requests finish (new ones get 503 with Retry-After); the "
+    "ones left are then aborted and the process exits 0 (srt/drain.py); keep the pod's "
+    "terminationGracePeriodSeconds above preStop + this + 30",
+)
 CPU_SHIMS_LOGGED = EnvVar(
     "SGLANG_DFLASH_CPU_SHIMS_LOGGED", bool, False, "internal: set once the CPU `sgl_kernel` stand-in warning was shown"
 )

@@ -5,6 +5,7 @@ Registers, lazily and idempotently:
 - DFLASH on CPU (SGLang's argument check refuses non-GPU devices for its own worker);
 - TARGET_VERIFY batches on the torch_native attention backend (it only knows EXTEND/DECODE);
 - CPU stand-ins for the sgl_kernel functions SGLang imports, when the real ones cannot load;
+- on SIGTERM, a bounded drain: new requests refused with 503 (srt/drain.py);
 - a request check that refuses sampling features our verify does not reproduce exactly yet;
 - CPU tensor parallelism (gloo groups without NCCL); a 400 for empty or out-of-vocabulary prompts;
 - where a grammar ends inside a verified run, the same tokens and finish as plain decoding;
@@ -100,4 +101,14 @@ def register():
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
         sglang_patches.reject_bad_prompt,
         HookType.BEFORE,
+    )
+    from sglang_dflash.srt import drain
+
+    HookRegistry.register(  # SIGTERM: refuse new requests (503), bound the drain (SGLANG_DFLASH_DRAIN_S)
+        "sglang.srt.entrypoints.http_server._setup_and_run_http_server", drain.setup_http_server, HookType.BEFORE
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager.sigterm_watchdog",
+        drain.sigterm_watchdog,
+        HookType.AROUND,
     )
