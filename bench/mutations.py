@@ -4,7 +4,7 @@ restored (always, rebuilt again for csrc/); one row per mutation is appended to
 bench/results/mutations.jsonl. "A mutation fails N tests" claims in the docs cite these rows.
 
     flock /tmp/cpu.lock .venv/bin/python bench/mutations.py min_new_ban_off residual_unclamped
-    flock /tmp/cpu.lock .venv/bin/python bench/mutations.py rms_norm_scalar_reassoc --tests python_tests/test_cpu_isa.py
+    flock /tmp/cpu.lock .venv/bin/python bench/mutations.py rms_norm_scalar_reassoc --tests "python_tests/test_cpu_isa.py -k each"
     .venv/bin/python bench/mutations.py --list
 
 Run it under the CPU lock: a mutated file is seen by every process that imports it meanwhile. A mutation
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -148,7 +149,7 @@ def run_one(name: str, tests: tuple[str, ...] | None, timeout: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", help="mutations to run (--list shows them)")
-    ap.add_argument("--tests", nargs="+", help="pytest selection instead of each mutation's default")
+    ap.add_argument("--tests", help="pytest arguments instead of each mutation's default, one string")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds the tests of one mutation may take")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args()
@@ -160,7 +161,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown mutations {unknown}: one of {', '.join(MUTATIONS)}")
     prov = stamp()  # before any file is mutated: the commit and work tree measured
-    rows = [run_one(n, tuple(args.tests) if args.tests else None, args.timeout) for n in args.names]
+    rows = [run_one(n, tuple(shlex.split(args.tests)) if args.tests else None, args.timeout) for n in args.names]
     rows = [{**r, **base_fields(prov)} for r in rows]
     run = append_rows(RESULTS, rows, prov)
     print(f"{RESULTS}: run {run}")
