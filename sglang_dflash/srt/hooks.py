@@ -34,6 +34,15 @@ def handle_dflash(original, server_args):
     cfg = resolving_view(server_args)
     if cfg.pp_size != 1:
         raise ValueError("DFLASH (sglang_dflash) supports --pp-size 1 only")
+    # Modes whose KV or batches bypass our worker's drafter context: refused before the model loads.
+    mode = getattr(cfg, "disaggregation_mode", "null")
+    for on, flag, why in (
+        (cfg.enable_hierarchical_cache, "--enable-hierarchical-cache", "its host-tier KV carries no drafter context"),
+        (mode not in (None, "null"), f"--disaggregation-mode {mode}", "the prefill side writes no drafter context"),
+        (cfg.enable_dp_attention, "--enable-dp-attention", "the worker drafts one attention group only"),
+    ):
+        if on:
+            raise ValueError(f"DFLASH (sglang_dflash) does not support {flag} ({why}): remove {flag.split()[0]}")
     if cfg.speculative_draft_model_path is None:
         raise ValueError("DFLASH needs --speculative-draft-model-path (a DFlash drafter checkpoint)")
     if getattr(cfg, "grammar_backend", None) == "outlines":  # its grammars cannot roll back
