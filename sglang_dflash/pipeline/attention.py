@@ -7,9 +7,8 @@ Requests are not looped over: their keys are gathered into one padded [bs, L] sl
 mask hides the padding (and what causality or a window hides). On CPU the requests are first sorted
 by length and cut into a few length groups, one SDPA call each: the CPU SDPA kernel computes masked
 keys in full, so padding a 100-key request to 800 keys would cost more than the loop it replaces.
-Where the extension is built, verify calls (and draft calls of up to FUSED_MAX_ROWS rows a request)
-read the rows in place instead (fused(): chain_attention, one op a layer; SGLANG_DFLASH_CPU_ATTENTION=0 keeps the gather +
-SDPA path everywhere).
+Where the extension is built, verify calls and short draft calls read the rows in place instead
+(fused(): chain_attention; SGLANG_DFLASH_CPU_ATTENTION=0 keeps gather + SDPA everywhere).
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ from sglang_dflash import env, kernels
 from sglang_dflash.model.config import MAX_BLOCK_SIZE
 
 # Longest first, a request joins the current length group while padding it to the group's longest
-# row adds at most this many keys or this fraction of that row; each extra group costs one SDPA call
-# (~25 us) instead. With prefixes uniform in 100..800 a batch of 32 makes 6 or 7 groups, ~10% padding.
+# row adds at most this many keys or this fraction of that row (each extra group: one SDPA call).
 PAD_KEYS, PAD_FRAC = 64, 0.2
 
 
@@ -113,18 +111,13 @@ def batched_rows(
     return out.reshape(bs, heads, rows, -1).transpose(1, 2)
 
 
-# The drafter's block (non-causal, every block row a query) keeps gather + SDPA past 4 rows a request:
-# chain_attention against it, bf16, one layer (`make bench-ops`), won at 1-4 rows and lost at 8-16 with
-# a few requests. A verify step's rows take chain_attention at any width: there it lets each target
-# layer run as one call (srt/llama_stack.py), and a row's result does not depend on the width verified
-# (its arithmetic is its own in any pass), so widening a verify never changes a narrower one's logits.
-FUSED_MAX_ROWS = 4
-VERIFY_MAX_ROWS = MAX_BLOCK_SIZE
+# The drafter's block keeps gather + SDPA past 4 rows a request (`make bench-ops`: it won at 8-16); a
+# verify takes chain_attention at any width, so its layers run as one call and a row's result does
+# not depend on the width verified (its arithmetic is its own in any pass).
+FUSED_MAX_ROWS, VERIFY_MAX_ROWS = 4, MAX_BLOCK_SIZE
 
 
-def fused(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: int, max_rows: int = FUSED_MAX_ROWS
-) -> bool:
+def fused(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: int, max_rows=FUSED_MAX_ROWS) -> bool:
     """chain_attention serves this call of `rows` query rows a request: CPU, one float dtype
     throughout, at most max_rows rows, the extension built."""
     return (
