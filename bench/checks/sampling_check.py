@@ -3,7 +3,8 @@ FlashInfer backend calls them (layers/sampler.py, Sampler._sample_from_probs):
 - a batch with min-p: top_k_renorm_prob -> top_p_renorm_prob (top-p cut after the top-k
   renormalization) -> min-p: compared exactly with our filter in that order (top_k_first);
 - a batch without min-p: top_k_top_p_sampling_from_probs(filter_apply_order="joint"): compared with
-  our joint filter by drawing, every draw inside our support, total variation small.
+  our joint filter by drawing, every draw inside our support, each row's total variation within
+  three times the sampling noise of its own draws.
 On CPU (no FlashInfer) it returns nothing: the CPU twin is python_tests/test_sampling_filter.py."""
 
 from __future__ import annotations
@@ -50,7 +51,12 @@ def check_sampling_order(dev) -> list[dict]:
     joint = _filter(probs, ks, ps, None)
     seen = torch.zeros_like(joint).scatter_add_(1, got.long(), torch.ones_like(got, dtype=joint.dtype)) / draws
     outside = int(((seen > 0) & (joint <= 0)).sum())
-    tv = 0.5 * (seen - joint).abs().sum(-1).max().item()
+    tv_rows = 0.5 * (seen - joint).abs().sum(-1)  # [n]
+    # A row's TV from `draws` exact draws is itself noise: about 0.5 * sum_i sqrt(2 p_i (1 - p_i) /
+    # (pi * draws)), which passes 0.03 on a flat 200-token support (~0.04). Judge each row against
+    # three times its own noise level instead of one fixed bound.
+    noise = 0.5 * (2 * joint * (1 - joint) / (torch.pi * draws)).sqrt().sum(-1)  # [n]
+    tv, worst = tv_rows.max().item(), (tv_rows / (3 * noise).clamp_min(1e-3)).max().item()
     return [
         {"op": "sampling_order", "order": "top_k_first (min-p batch)", "max_err": renorm_err, "ok": renorm_err < 1e-5},
         {
@@ -58,6 +64,7 @@ def check_sampling_order(dev) -> list[dict]:
             "order": "joint",
             "outside_support": outside,
             "max_tv": tv,
-            "ok": outside == 0 and tv < 0.03,
+            "max_tv_over_3x_noise": worst,
+            "ok": outside == 0 and worst < 1.0,
         },
     ]
