@@ -26,11 +26,13 @@ $(STAMP): pyproject.toml setup.py $(wildcard csrc/*)
 # A real sglang.launch_server with DFLASH served by our worker: the embedded SmolLM2-135M-Instruct
 # (derived once into ~/.cache/sglang_dflash) and the drafter we trained for it. Override MODEL=...
 # DRAFT=... PORT=... BLOCK=... DEVICE=... ARGS="..." (any sglang.launch_server flag).
+# API_KEY=...: SGLang's --api-key (requests need `Authorization: Bearer KEY`; /health* stays open).
 # REPLICAS=N: N DFLASH workers behind the SGLang gateway (SMG) on PORT (sglang_dflash/replicas.py).
 serve: install
 	$(VPY) -m sglang_dflash.$(if $(filter-out 1,$(REPLICAS)),replicas --replicas $(REPLICAS),launch) --port $(PORT) --host 127.0.0.1 \
 	  $(if $(MODEL),--model-path $(MODEL)) $(if $(DRAFT),--speculative-draft-model-path $(DRAFT)) \
-	  $(if $(BLOCK),--speculative-num-draft-tokens $(BLOCK)) $(if $(DEVICE),--device $(DEVICE)) $(ARGS)
+	  $(if $(BLOCK),--speculative-num-draft-tokens $(BLOCK)) $(if $(DEVICE),--device $(DEVICE)) \
+	  $(if $(API_KEY),--api-key $(API_KEY)) $(ARGS)
 
 # The tiny generated pair (a drafter steered to be right part of the time), for quick experiments.
 serve-tiny: install

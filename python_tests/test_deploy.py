@@ -164,3 +164,40 @@ def test_router_overlay_runs_smg_with_the_local_router_flags():
         sv = spec["containers"][0]
         assert any(a.startswith("--extra-metric-labels=") and "$(POD_NAME)" in a for a in sv["args"])
         assert any(e["name"] == "POD_NAME" for e in sv["env"])
+
+
+def env_value(container, name):
+    return next((e for e in container.get("env", []) if e["name"] == name), None)
+
+
+@pytest.mark.parametrize("name", ["base", *OVERLAYS])
+def test_pods_drain_within_their_grace_period(name):
+    """SIGTERM drains (srt/drain.py): the pod's grace period covers preStop's sleep, the drain
+    (SGLANG_DFLASH_DRAIN_S) and SGLang's shutdown after it (schedulers get up to 15 s, then more)."""
+    for pod, spec in servers(RENDERED[name]):
+        c = spec["containers"][0]
+        sleep = int(c["lifecycle"]["preStop"]["exec"]["command"][-1])
+        drain = int(env_value(c, "SGLANG_DFLASH_DRAIN_S")["value"])
+        assert sleep >= 5, f"{pod}: preStop sleeps {sleep} s; SMG and the Service need a few to drop the pod"
+        assert spec["terminationGracePeriodSeconds"] >= sleep + drain + 30, pod
+
+
+@pytest.mark.parametrize("name", ["base", *OVERLAYS])
+def test_pods_take_the_api_key_from_a_secret_and_run_read_only(name):
+    """Every server passes SGLang's --api-key, SMG its own (the key it sends to the workers), both from
+    the one Secret; every container runs as non-root on a read-only root with writable emptyDirs."""
+    for pod, spec in pod_specs(RENDERED[name]):
+        c = spec["containers"][0]
+        is_server = any("--speculative-algorithm=DFLASH" in a for a in c.get("args", []))
+        if is_server or c.get("command") == ["smg", "launch"]:
+            assert "--api-key=$(API_KEY)" in c["args"], pod
+            ref = env_value(c, "API_KEY")["valueFrom"]["secretKeyRef"]
+            assert ref == {"name": "sglang-dflash-api-key", "key": "api-key"}, pod  # required: no optional
+        assert spec["securityContext"]["runAsNonRoot"] is True, pod
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False, pod
+        empty = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        needed = ["/tmp", "/home/sglang/.cache", "/dev/shm"] if is_server else ["/tmp"]
+        for path in needed:
+            assert mounts.get(path) in empty, f"{pod}: {path} must be a writable emptyDir on a read-only root"

@@ -1,7 +1,8 @@
 """SIGTERM drains a DFLASH server (srt/drain.py): a streaming generation running at the signal
 returns its full output, a request arriving during the drain gets 503 with Retry-After, one that
 outlives SGLANG_DFLASH_DRAIN_S ends with finish reason `abort`, and the process exits 0 within the
-grace period. One real server (the tiny random pair: its drafts are rarely accepted, so a
+grace period. The server also takes SGLang's --api-key (`make serve API_KEY=...`, the Kubernetes
+Secret): without the key a request gets 401, with it 200. One real server (the tiny random pair: its drafts are rarely accepted, so a
 generation takes seconds), signalled once at the end of the module."""
 
 import json
@@ -23,6 +24,8 @@ PROMPT = [5, 6, 7]
 FULL = 150  # finishes well inside the grace period, even on a loaded 2-core host
 BEYOND = 7000  # at the tiny pair's few hundred tokens/s this outlives the grace period
 # The tiny target's 2048 positions stretched, so BEYOND outlives the grace on a fast host too.
+KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 LONG_CONTEXT = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
 
 
@@ -32,7 +35,7 @@ def server(pair):
     with launch(
         target,
         drafter,
-        extra=["--context-length", "8192", "--max-total-tokens", "12000"],
+        extra=["--context-length", "8192", "--max-total-tokens", "12000", "--api-key", KEY],
         env={env.DRAIN_S.name: str(DRAIN_S), **LONG_CONTEXT},
         name="drain",
         check_drafts=False,  # the server is gone by the end of the module
@@ -46,7 +49,7 @@ def body(max_new, stream=False):
 
 
 def stream_until_done(url, max_new, first_chunk: threading.Event, out: dict):
-    with requests.post(url + "/generate", json=body(max_new, stream=True), stream=True, timeout=120) as r:
+    with requests.post(url + "/generate", json=body(max_new, stream=True), headers=AUTH, stream=True, timeout=120) as r:
         out["status"] = r.status_code
         for line in r.iter_lines():
             if line.startswith(b"data: {"):
@@ -57,11 +60,22 @@ def stream_until_done(url, max_new, first_chunk: threading.Event, out: dict):
 
 
 def post_into(url, max_new, out: dict):
-    r = requests.post(url + "/generate", json=body(max_new), timeout=120)
+    r = requests.post(url + "/generate", json=body(max_new), headers=AUTH, timeout=120)
     out.update(status=r.status_code, json=r.json() if r.ok else r.text)
 
 
-def test_sigterm_drains_then_exits_0(server):
+def test_api_key_is_required(server):
+    assert requests.post(server.url + "/generate", json=body(4), timeout=60).status_code == 401
+    wrong = {"Authorization": "Bearer not-the-key"}
+    assert requests.post(server.url + "/generate", json=body(4), headers=wrong, timeout=60).status_code == 401
+    chat = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    assert requests.post(server.url + "/v1/chat/completions", json=chat, timeout=60).status_code == 401
+    ok = requests.post(server.url + "/generate", json=body(4), headers=AUTH, timeout=60)
+    assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 4
+    assert requests.get(server.url + "/health", timeout=30).status_code == 200  # probes carry no secret
+
+
+def test_sigterm_drains_then_exits_0(server):  # last: the server is gone after it
     first_chunk, streamed, beyond = threading.Event(), {}, {}
     threads = [
         threading.Thread(target=stream_until_done, args=(server.url, FULL, first_chunk, streamed)),
@@ -76,10 +90,10 @@ def test_sigterm_drains_then_exits_0(server):
         assert time.monotonic() - signalled < 10, "/health still 200 10 s after SIGTERM"
         time.sleep(0.05)
 
-    late = requests.post(server.url + "/generate", json=body(8), timeout=30)
+    late = requests.post(server.url + "/generate", json=body(8), headers=AUTH, timeout=30)
     assert late.status_code == 503, (late.status_code, late.text[:300])
     assert late.headers.get("Retry-After") == "1"
-    assert requests.get(server.url + "/server_info", timeout=30).ok  # read-only paths stay open
+    assert requests.get(server.url + "/server_info", headers=AUTH, timeout=30).ok  # read-only paths stay open
 
     for t in threads:
         t.join(DRAIN_S + 60)
