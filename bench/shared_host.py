@@ -31,6 +31,7 @@ import requests
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import provenance  # noqa: E402
 
+from sglang_dflash.cpu_serving import CPU_ENGINE_VAR  # noqa: E402
 from sglang_dflash.drafters import shipped_drafter  # noqa: E402
 from sglang_dflash.embedded import derive  # noqa: E402
 from sglang_dflash.testing.servers import free_port  # noqa: E402
@@ -52,7 +53,7 @@ def start(name: str, port: int, extra_env: dict, log_dir: str) -> tuple[subproce
     argv += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", shipped_drafter()]
     argv += ["--dtype", "bfloat16", "--device", "cpu", "--max-total-tokens", "16384"]
     environ = {k: v for k, v in os.environ.items() if k not in OURS}
-    environ.update({"SGLANG_USE_CPU_ENGINE": "1", **extra_env})
+    environ.update({CPU_ENGINE_VAR: "1", **extra_env})  # the one variable SGLang needs on a CPU
     log = open(os.path.join(log_dir, f"{name}-{port}.log"), "w")
     # cwd: a folder without the package, so PYTHONPATH (an arm's checkout) decides which code serves
     proc = subprocess.Popen(
