@@ -266,19 +266,3 @@ def test_a_width_never_run_borrows_the_observed_correction():
             ctl.observe(w, [w - 1 if accept else 0] * 16 if w > 1 else [], [])
             ctl.observe_cost(16, w, true[(16, w)])
         assert ctl.chosen[16 if accept else 1] > 0.8 * 300, (accept, ctl.chosen)  # without borrowing: 0
-
-
-def test_a_width_played_once_early_follows_the_correction_learnt_since():
-    """A probe at width 8 ran before the real steps' correction was known (it borrowed 1.0), then
-    width 1 ran 100 steps at 1.7x its profile: width 8's one step must not keep its profile nearly
-    uncorrected (it looked 40% cheaper than it ran and was chosen at a loss under sampling)."""
-    sizes = [1, 4]
-    cost = CostTable(sizes, WIDTHS, linear_costs(sizes, WIDTHS, fixed=1.0, per_row=0.01, draft=0.1))
-    cost.observe(4, 8, 1.8 * cost.profiled(4, 8))
-    for _ in range(100):
-        cost.observe(4, 1, 1.7 * cost.profiled(4, 1))
-    assert cost.factor(1) == pytest.approx(1.7, rel=0.02)
-    assert cost.factor(8) > 1.5, cost.factor(8)
-    for _ in range(100):  # once width 8 has run steps of its own, its own ratio decides
-        cost.observe(4, 8, 1.2 * cost.profiled(4, 8))
-    assert cost.factor(8) == pytest.approx(1.2, rel=0.05)

@@ -40,27 +40,20 @@ class CostTable:
     def __call__(self, bs: int, w: int) -> float:
         return self.profiled(bs, w) * self.factor(w)
 
-    def pooled(self) -> float:
-        """Every observed width's correction, log-mean weighted by steps run: what makes real steps
-        differ from the dummy ones (the scheduler's share, sampling, the host's pace) is mostly common
-        to all widths."""
+    def factor(self, w: int) -> float:
+        """The online correction of width w; a width no real step has run yet borrows the others'
+        (their log-mean weighted by steps run: what makes real steps differ from the dummy ones, the
+        scheduler's share and the host's pace, is common to all widths; else a width never played,
+        often W = 1 under load, keeps a profile the others have corrected, and never gets played)."""
+        if w in self.observed:
+            return self.correction[w]
         n = sum(self.observed.values())
         return math.exp(sum(k * math.log(self.correction[v]) for v, k in self.observed.items()) / n) if n else 1.0
-
-    def factor(self, w: int) -> float:
-        """The online correction of width w, shrunk toward the pooled one until w has run about
-        1 / alpha real steps of its own: a width never or rarely played (a probe; W = 1 under load)
-        otherwise keeps a profile the played widths have corrected, looks cheaper than it runs and
-        gets chosen at a loss (or, for W = 1, never)."""
-        n, k = self.observed.get(w, 0), 1.0 / self.alpha
-        if not n:
-            return self.pooled()
-        return math.exp((n * math.log(self.correction[w]) + k * math.log(self.pooled())) / (n + k))
 
     def observe(self, bs: int, w: int, seconds: float) -> None:
         ratio = min(max(seconds / max(self.profiled(bs, w), 1e-9), 0.2), 5.0)
         if w not in self.observed:  # the first real step starts from the borrowed factor
-            self.correction[w] = self.pooled()
+            self.correction[w] = self.factor(w)
         self.observed[w] = self.observed.get(w, 0) + 1
         self.correction[w] += self.alpha * (ratio - self.correction[w])
 
