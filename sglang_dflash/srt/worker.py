@@ -38,6 +38,7 @@ from sglang_dflash.srt import cpu_linear, llama_stack, metrics as dflash_metrics
 from sglang_dflash.srt.draft_head import DraftHead
 from sglang_dflash.srt.draft_stage import draft_failed, draft_step
 from sglang_dflash.srt.graph_choice import make_step_graphs
+from sglang_dflash.srt.idle_result import idle_result
 from sglang_dflash.srt.metrics import StageClock
 from sglang_dflash.srt.seeded_prefill import PreSampleLogits, reseed_first_tokens
 from sglang_dflash.srt.step_inputs import StepInputs, sampling_rows
@@ -143,17 +144,7 @@ class DFlashWorker(BaseSpecWorker):
         if batch.spec_info is None:
             batch.spec_info = DFlashDraftInputV2.create_idle_input(device=self.device)
         if batch.forward_mode.is_idle() or batch.batch_size() == 0:
-            empty = torch.empty((0,), dtype=torch.int64, device=self.device)
-            nxt = make_draft_input_v2(bonus_tokens=empty, new_seq_lens=empty)
-            if on_publish is not None:
-                on_publish(nxt.new_seq_lens)
-            return GenerationBatchResult(
-                next_token_ids=empty,
-                accept_lens=empty.to(torch.int32),
-                next_draft_input=nxt,
-                speculative_num_draft_tokens=self.block_size,
-                new_seq_lens=nxt.new_seq_lens,
-            )
+            return idle_result(self.device, self.block_size, on_publish)
         return self._decode(batch, on_publish)
 
     def stats(self) -> dict:
