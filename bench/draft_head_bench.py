@@ -98,7 +98,9 @@ def setup(bs: int, ctx: int, vocab: int, width=None, fused: bool = True, cut: bo
     mm = None
     if gemm == "ours":
         if not cpu_linear.enable("cpu", torch.bfloat16):
-            raise SystemExit("--gemm ours: the CPU GEMM kernel is off here (SGLANG_DFLASH_CPU_LINEAR, the extension)")
+            raise SystemExit(
+                "--gemm ours: the CPU GEMM kernel is off here (SGLANG_DFLASH_CPU_OPS linear=, the extension)"
+            )
         mm = cpu_linear.linear
         drafter.route_matmuls(mm)
     head = load_target_tensor(derive())  # [V, H] bf16, the tied LM head

@@ -137,13 +137,14 @@ def arm(name: str, draft: str, extra: list[str], match_sched: bool):
     an `@DIR` suffix (e.g. `adaptive@/path/drafter`) serves another drafter; a `-t<N>` suffix (e.g.
     `adaptive-t2`) runs the server's forward on N OpenMP threads (SGLANG_DFLASH_CPU_THREADS; the CPU
     default is the rank's cores); a `-packed` suffix packs the target's weights for oneDNN
-    (SGLANG_DFLASH_CPU_PACKED=1), an `-unpacked` one leaves them as torch holds them (=0)."""
+    (SGLANG_DFLASH_CPU_OPS packed=1), an `-unpacked` one leaves them as torch holds them (packed=0)."""
     from sglang_dflash import env
 
     for suffix, value in (("-packed", "1"), ("-unpacked", "0")):
         if name.endswith(suffix):
             d, flags, environ = arm(name.removesuffix(suffix), draft, extra, match_sched)
-            return d, flags, {**environ, env.CPU_PACKED.name: value}
+            ops = env.cpu_ops_with(environ.get(env.CPU_OPS.name, ""), packed=value)
+            return d, flags, {**environ, env.CPU_OPS.name: ops}
     base, _, threads = name.rpartition("-t")
     if base and threads.isdigit():
         d, flags, environ = arm(base, draft, extra, match_sched)

@@ -122,9 +122,17 @@ def profile(srv, concurrency: int, seconds: float) -> dict:
 
 
 def parse_arm(spec: str) -> tuple[str, dict]:
-    """ "NAME" or "NAME:VAR=V,VAR=V" -> (NAME, {VAR: V})."""
+    """ "NAME" or "NAME:VAR=V,VAR=V" -> (NAME, {VAR: V}); an item naming no upper-case VAR continues the
+    value before it (`NAME:SGLANG_DFLASH_CPU_OPS=linear=0,stack=loop`)."""
     name, _, assigns = spec.partition(":")
-    return name, dict(kv.split("=", 1) for kv in assigns.split(",") if kv)
+    env, last = {}, None
+    for kv in filter(None, assigns.split(",")):
+        key, _, value = kv.partition("=")
+        if last is None or key.isupper():
+            env[key], last = value, key
+        else:
+            env[last] += "," + kv
+    return name, env
 
 
 def main():

@@ -72,11 +72,11 @@ def test_hooks_route_only_when_enabled(monkeypatch):
 
     x, w, b = case(4, 64, 8, True)
     layer = types.SimpleNamespace(weight=w)
-    monkeypatch.setenv("SGLANG_DFLASH_CPU_LINEAR", "0")
+    monkeypatch.setenv("SGLANG_DFLASH_CPU_OPS", "linear=0")
     assert not cpu_linear.enable("cpu", torch.bfloat16)
     cpu_linear.linear_apply(original, None, layer, x, b)
     assert calls == ["torch"]
-    monkeypatch.setenv("SGLANG_DFLASH_CPU_LINEAR", "1")
+    monkeypatch.setenv("SGLANG_DFLASH_CPU_OPS", "linear=1")
     assert not cpu_linear.enable("cpu", torch.float32) and not cpu_linear.enable("cuda", torch.bfloat16)
     assert cpu_linear.enable("cpu", torch.bfloat16)
     try:
@@ -87,20 +87,20 @@ def test_hooks_route_only_when_enabled(monkeypatch):
         cpu_linear.linear_apply(original, None, fp32_layer, x.float(), None)  # an fp32 layer: torch's
         assert calls == ["torch", "torch"]
         # auto on a host with oneDNN's native bf16: ours only up to NATIVE_BF16_MAX_ROWS rows
-        monkeypatch.setenv("SGLANG_DFLASH_CPU_LINEAR", "auto")
+        monkeypatch.setenv("SGLANG_DFLASH_CPU_OPS", "linear=auto")
         monkeypatch.setattr(cpu_linear, "native_bf16", lambda: True)
         monkeypatch.setattr(cpu_linear, "dot_bf16", lambda: True)  # AVX512-BF16: ours up to 64 rows
         monkeypatch.setattr(cpu_linear, "amx_bf16", lambda: False)
         assert cpu_linear.enable("cpu", torch.bfloat16)
         assert cpu_linear._state["max_rows"] == cpu_linear.DOT_BF16_MAX_ROWS
         monkeypatch.setattr(cpu_linear, "amx_bf16", lambda: True)  # and AMX tiles: oneDNN's sooner,
-        monkeypatch.delenv("SGLANG_DFLASH_CPU_PACKED", raising=False)  # sooner still on weights packed for
+        monkeypatch.setenv("SGLANG_DFLASH_CPU_OPS", "linear=auto")  # sooner still on weights packed for
         assert cpu_linear.enable("cpu", torch.bfloat16)  # it (auto: on AMX hosts)
         assert cpu_linear._state["max_rows"] == cpu_linear.AMX_PACKED_MAX_ROWS
-        monkeypatch.setenv("SGLANG_DFLASH_CPU_PACKED", "1")
+        monkeypatch.setenv("SGLANG_DFLASH_CPU_OPS", "linear=auto,packed=1")
         assert cpu_linear.enable("cpu", torch.bfloat16)
         assert cpu_linear._state["max_rows"] == cpu_linear.gemm_rows() == cpu_linear.AMX_PACKED_MAX_ROWS
-        monkeypatch.setenv("SGLANG_DFLASH_CPU_PACKED", "0")
+        monkeypatch.setenv("SGLANG_DFLASH_CPU_OPS", "linear=auto,packed=0")
         assert cpu_linear.enable("cpu", torch.bfloat16)
         assert cpu_linear._state["max_rows"] == cpu_linear.gemm_rows() == cpu_linear.AMX_MAX_ROWS
         a = cpu_linear.AMX_MAX_ROWS
@@ -120,7 +120,7 @@ def test_hooks_route_only_when_enabled(monkeypatch):
         cpu_linear.linear_apply(original, None, layer, case(n + 1, 64, 8, True)[0], b)
         assert calls == ["torch", "torch", "torch"]
     finally:
-        monkeypatch.setenv("SGLANG_DFLASH_CPU_LINEAR", "0")
+        monkeypatch.setenv("SGLANG_DFLASH_CPU_OPS", "linear=0")
         cpu_linear.enable("cpu", torch.bfloat16)
 
 

@@ -99,7 +99,7 @@ def test_routing_few_rows_one_dtype_unless_turned_off(monkeypatch):
     assert attention.fused(q, k, v, 1) and attention.fused(q, k, v, rows)
     assert not attention.fused(q, k, v, rows + 1)  # several query rows: SDPA's tiled GEMMs win
     assert not attention.fused(q.bfloat16(), k, v, 1)
-    monkeypatch.setenv("SGLANG_DFLASH_CPU_ATTENTION", "0")
+    monkeypatch.setenv("SGLANG_DFLASH_CPU_OPS", "attention=0")
     assert not attention.fused(q, k, v, 1)
 
 

@@ -14,7 +14,7 @@ from sglang_dflash.testing.servers import dflash_state, launch, prompts
 PROMPTS = prompts(10, seed=3, max_len=120)
 MAX_NEW = 24
 RANDOM = dflash_env.DEBUG_RANDOM_WIDTH.name
-STACK = dflash_env.CPU_STACK.name
+OPS = dflash_env.CPU_OPS.name
 
 
 def decode(srv):
@@ -45,7 +45,7 @@ def test_stack_bit_identical_to_sglang_forward(pair, packed):
     extra = ["--speculative-num-draft-tokens", "8"]
     runs, states = {}, {}
     for arm, stack in (("sglang", "0"), ("stack", "auto")):
-        env = {RANDOM: "5", STACK: stack, dflash_env.CPU_PACKED.name: packed}
+        env = {RANDOM: "5", OPS: f"stack={stack},packed={packed}"}
         with launch(target, drafter, dtype, extra=extra, env=env, name=f"stack-{arm}-{dtype}-p{packed}") as srv:
             runs[arm] = decode(srv)
             states[arm] = dflash_state(srv)["target_stack"]

@@ -101,11 +101,11 @@ def test_linear_weights_and_the_auto_rule(monkeypatch):
     model.tied = type("ParallelLMHead", (torch.nn.Module,), {})()
     model.tied.weight = model.qkv.weight  # a tied weight is packed once
     assert [tuple(w.shape) for w in packed_weights.linear_weights(model)] == [(8, 4), (10, 4)]
-    monkeypatch.delenv("SGLANG_DFLASH_CPU_PACKED", raising=False)  # auto: where the CPU has AMX tiles
+    monkeypatch.delenv("SGLANG_DFLASH_CPU_OPS", raising=False)  # auto: where the CPU has AMX tiles
     assert not packed_weights.wanted(False) and packed_weights.enable(model, False) == 0
     assert packed_weights.wanted(True) and packed_weights.enable(model, True) == 2 * PACKS
     for value, amx, want in (("auto", True, True), ("auto", False, False), ("1", False, True), ("0", True, False)):
-        monkeypatch.setenv("SGLANG_DFLASH_CPU_PACKED", value)
+        monkeypatch.setenv("SGLANG_DFLASH_CPU_OPS", f"packed={value}")
         assert packed_weights.wanted(amx) == want
 
 

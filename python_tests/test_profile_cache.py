@@ -80,7 +80,7 @@ def test_same_key_loads_the_stored_table_without_measuring(tmp_path, caplog):
         lambda w, tmp, mp: mp.setattr(torch, "get_num_threads", lambda: 97),
         lambda w, tmp, mp: mp.setattr(profile_cache, "_cpu", lambda: {"flags": "other host"}),
         lambda w, tmp, mp: mp.setattr(profile_cache, "_version", lambda dist: "9.9.9"),
-        lambda w, tmp, mp: mp.setenv("SGLANG_DFLASH_CPU_LINEAR", "0"),
+        lambda w, tmp, mp: mp.setenv("SGLANG_DFLASH_CPU_OPS", "linear=0"),
         lambda w, tmp, mp: setattr(w, "device_type", "xpu"),
         lambda w, tmp, mp: mp.setattr(profile_cache, "_sources", lambda: "an edited checkout"),
     ],

@@ -118,11 +118,11 @@ def test_hook_routes_only_what_it_reproduces(monkeypatch):
             assert cpu_linear.rms_norm_forward(original, norm, x, r) == "torch", attr
             monkeypatch.undo()
         monkeypatch.setattr(cpu_linear, "wanted", lambda device, dtype: dtype == torch.bfloat16)
-        monkeypatch.setenv("SGLANG_DFLASH_CPU_NORM", "0")
+        monkeypatch.setenv("SGLANG_DFLASH_CPU_OPS", "norm=0")
         cpu_linear.enable("cpu", torch.bfloat16)
         assert cpu_linear.rms_norm_forward(original, norm, x, r) == "torch"
     finally:
-        monkeypatch.delenv("SGLANG_DFLASH_CPU_NORM", raising=False)
+        monkeypatch.delenv("SGLANG_DFLASH_CPU_OPS", raising=False)
         cpu_linear.enable("cpu", torch.float32)
 
 

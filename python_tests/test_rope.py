@@ -102,9 +102,9 @@ def test_hook_routes_only_when_enabled(monkeypatch):
         )
     finally:
         cpu_linear.enable("cpu", torch.float32)
-    # SGLANG_DFLASH_CPU_ROPE: 1 routes rope without the GEMM kernel (a native-bf16 host), 0 never
+    # SGLANG_DFLASH_CPU_OPS rope=1 routes rope without the GEMM kernel (a native-bf16 host), 0 never
     monkeypatch.setattr(cpu_linear, "wanted", lambda device, dtype: False)
-    monkeypatch.setenv("SGLANG_DFLASH_CPU_ROPE", "1")
+    monkeypatch.setenv("SGLANG_DFLASH_CPU_OPS", "rope=1")
     try:
         assert not cpu_linear.enable("cpu", torch.bfloat16)
         assert all(torch.equal(a, b) for a, b in zip(cpu_linear.rope_forward(original, rope, pos, q, k), want))
@@ -113,11 +113,11 @@ def test_hook_routes_only_when_enabled(monkeypatch):
             and cpu_linear.rope_forward(original, rope, pos, q, k) == "torch"
         )
         monkeypatch.setattr(cpu_linear, "wanted", lambda device, dtype: True)
-        monkeypatch.setenv("SGLANG_DFLASH_CPU_ROPE", "0")
+        monkeypatch.setenv("SGLANG_DFLASH_CPU_OPS", "rope=0")
         assert cpu_linear.enable("cpu", torch.bfloat16)
         assert cpu_linear.rope_forward(original, rope, pos, q, k) == "torch"
     finally:
-        monkeypatch.delenv("SGLANG_DFLASH_CPU_ROPE")
+        monkeypatch.delenv("SGLANG_DFLASH_CPU_OPS")
         cpu_linear.enable("cpu", torch.float32)
 
 

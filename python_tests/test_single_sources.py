@@ -1,6 +1,6 @@
 """One source of truth per fact: the block-size policy, resumable JSONL, build-once folders, the
-environment variables (the user-facing ones checked against the README table, the debug and test
-switches against env.py's docstring) and the CPU serving settings."""
+environment variables (the user level checked against the README table, every level listed by
+`python -m sglang_dflash.env --all`, the CPU ops' one escape hatch) and the CPU serving settings."""
 
 import glob
 import json
@@ -144,28 +144,65 @@ def readme_env_rows():
         return [line.rstrip("\n") for line in f if line.startswith("| `SGLANG_DFLASH_")]
 
 
-# Switches for debugging, fault injection, tests and internal state: listed in env.py's docstring only.
+# Switches for debugging, fault injection, tests and internal state: env_debug.py, `--all` only.
 INTERNAL = ("debug:", "fault injection:", "tests:", "internal:")
+USER_MAX = 10  # README's table is what a serving engineer sets; the rest is `advanced` or below
 
 
-def test_every_env_var_is_in_the_readme_table_and_vice_versa():
+def test_readme_table_is_env_py_user_level_and_vice_versa():
     rows = readme_env_rows()
     in_readme = {re.match(r"\| `(SGLANG_DFLASH_\w+)`", r).group(1) for r in rows}
-    user = [v for v in env.ALL if not v.meaning.startswith(INTERNAL)]
+    user = [v for v in env.ALL if v.level == env.USER]
+    assert len(user) <= USER_MAX, f"{len(user)} user-level variables: mark the rarer ones level=ADVANCED"
     declared = {v.name for v in user}
     assert in_readme == declared, f"README only: {in_readme - declared}; env.py only: {declared - in_readme}"
-    undocumented = [v.name for v in env.ALL if v.meaning.startswith(INTERNAL) and v.name not in env.__doc__]
-    assert not undocumented, f"list these in sglang_dflash/env.py's docstring: {undocumented}"
     stale = [v.table_row() for v in user if v.table_row() not in rows]
     hint = "README rows differ from env.py; paste these rows of `python -m sglang_dflash.env`:\n"
     assert not stale, hint + "\n".join(stale)
 
 
+def test_every_env_var_has_a_level_and_all_lists_it():
+    from sglang_dflash import env_debug
+
+    levels = (env.USER, env.ADVANCED, env.DEBUG, env.INTERNAL)
+    assert all(v.level in levels for v in env.ALL), [v.name for v in env.ALL if v.level not in levels]
+    below = [v for v in env.ALL if v.level in (env.DEBUG, env.INTERNAL)]
+    assert below == env_debug.DECLARED, "debug, test and internal switches are declared in env_debug.py"
+    assert all(v.meaning.startswith(INTERNAL) for v in below), "their meaning starts with debug:, tests:, ..."
+    assert not any(v.meaning.startswith(INTERNAL) for v in env.DECLARED)
+    assert len({v.name for v in env.ALL}) == len(env.ALL)
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "sglang_dflash.env", "--all"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert all(v.table_row() in out.stdout for v in env.ALL)
+
+
 def test_every_env_var_named_in_the_code_is_declared():
     declared = {v.name for v in env.ALL}
     for path, text in sources(*PY_SOURCES, "setup.py", "Makefile"):
-        unknown = set(re.findall(r"SGLANG_DFLASH_[A-Z_]+", text)) - declared
+        retired = set(env.RETIRED) if path == "sglang_dflash/env.py" else set()  # refused there by name
+        unknown = set(re.findall(r"SGLANG_DFLASH_[A-Z_]+", text)) - declared - retired
         assert not unknown, f"{path} uses {unknown}: declare them in sglang_dflash/env.py"
+
+
+def test_cpu_ops_is_one_escape_hatch_and_the_retired_switches_are_refused(monkeypatch):
+    monkeypatch.delenv(env.CPU_OPS.name, raising=False)
+    assert {op: env.cpu_op(op) for op in env.CPU_OP_CHOICES} == dict.fromkeys(env.CPU_OP_CHOICES, "auto")
+    monkeypatch.setenv(env.CPU_OPS.name, " Linear=0, stack=loop ,")
+    assert env.cpu_op("linear") == "0" and env.cpu_op("stack") == "loop" and env.cpu_op("rope") == "auto"
+    assert env.cpu_ops_with("linear=0,stack=loop", packed="1", stack="auto") == "linear=0,packed=1,stack=auto"
+    for bad in ("stack=on", "gemm=0", "linear"):
+        monkeypatch.setenv(env.CPU_OPS.name, bad)
+        with pytest.raises(ValueError, match=f"SGLANG_DFLASH_CPU_OPS='{bad}'.*stack=auto\\|loop\\|0"):
+            env.cpu_op("linear")
+    monkeypatch.delenv(env.CPU_OPS.name)
+    for old, op in env.RETIRED.items():
+        monkeypatch.setenv(old, "0")
+        with pytest.raises(ValueError, match=f"{old} was replaced by SGLANG_DFLASH_CPU_OPS.*CPU_OPS={op}=0"):
+            env.cpu_op("attention")
+        monkeypatch.delenv(old)
 
 
 def test_env_vars_are_read_only_through_env_py():

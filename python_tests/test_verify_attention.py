@@ -22,7 +22,7 @@ def test_verify_plan_is_built_once_per_forward(monkeypatch, fused):
     """Every layer of one verify forward reads the same rows: the plan (slot table, length groups,
     mask; fused: the op's slot table) is built at the first layer and reused; each layer still
     attends over its own cache."""
-    monkeypatch.setenv("SGLANG_DFLASH_CPU_ATTENTION", fused)
+    monkeypatch.setenv("SGLANG_DFLASH_CPU_OPS", f"attention={fused}")
     monkeypatch.setitem(sys.modules, "sglang.srt.mem_cache.memory_pool", SimpleNamespace(KVWriteLoc=None))
     B = attention.FUSED_MAX_ROWS
     (k, v, r2t, rpi, kv_slots), q = paged_pool(RAGGED, B, layers=2), torch.randn(len(RAGGED) * B, 9, 64)

@@ -1,47 +1,35 @@
-"""Every `SGLANG_DFLASH_*` environment variable: name, type, default, meaning. Read them only here.
+"""Every `SGLANG_DFLASH_*` environment variable: name, type, default, meaning, level. Read them only here.
 
-Each is read when `.get()` is called (tests set them at run time). `python -m sglang_dflash.env`
-prints the table of all of them. The README's table holds the user-facing ones (its rows are that
-output's rows); the debug, fault-injection, test and internal switches are listed here only:
-
-- SGLANG_DFLASH_DEBUG_DUMP_DIR: save each request's drafter context K/V after prefill to this folder.
-- SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY=N: every Nth draft step raises (the batch decodes undrafted).
-- SGLANG_DFLASH_DEBUG_FAIL_WARMUP=1: the drafter attention's start-up warm-up raises.
-- SGLANG_DFLASH_DEBUG_STEER=S: steer every loaded target toward the steered tiny drafter's token
-  (controlled acceptance on dummy weights; bench/checks/e2e_check.py).
-- SGLANG_DFLASH_DEBUG_BROKEN_RULE=RULE: serve with one deliberately broken sampling rule
-  (testing/broken_rules.py), so the served distribution tests show they can fail.
-- SGLANG_DFLASH_DEBUG_RANDOM_WIDTH=SEED: a random verify width every step (lossless under any widths).
-- SGLANG_DFLASH_DEBUG_WIDTH_CYCLE=16,1,1,16: widths cycled by the first request's verify count.
-- SGLANG_DFLASH_DEBUG_STEP_TRACE=PATH: one JSON line per decode step (bench/width_trace.py reads it).
-- SGLANG_DFLASH_TEST_CACHE, SGLANG_DFLASH_TEST_LOGS: where the tests cache tiny models and write
-  server logs.
-- SGLANG_DFLASH_TEST_BROKEN_RULES=1: test_sampled_rules.py also serves each broken sampling rule and
-  requires that the served test fails it (four more servers; its results are kept in docs/testing.md).
-- SGLANG_DFLASH_CPU_SHIMS_LOGGED: internal, set once the CPU `sgl_kernel` stand-in warning was shown.
-
-python_tests/test_single_sources.py checks the README rows and this list against the declarations.
+Each is read when `.get()` is called (tests set them at run time). Levels: `user` (README's table is
+`python -m sglang_dflash.env`'s output), `advanced` (tuning and build switches, the CPU ops' escape
+hatch: `python -m sglang_dflash.env --all` lists them with the rest), `debug` and `internal` (debug,
+fault-injection and test switches, internal state: declared in env_debug.py, re-exported here).
+python_tests/test_single_sources.py checks the README rows against the declarations.
 setup.py cannot import the package before it is built, so it reads BUILD_EXT and WERROR itself.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from sglang_dflash.cpu_serving import THREADS_VAR
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+USER, ADVANCED, DEBUG, INTERNAL = "user", "advanced", "debug", "internal"
 
 
 @dataclass(frozen=True)
 class EnvVar:
     name: str
-    type: type  # str, int or bool
+    type: type  # str, int, float or bool
     default: Any
     meaning: str
     choices: Optional[tuple[str, ...]] = None
+    level: str = ADVANCED  # USER: in README's table
 
     def get(self) -> Any:
         raw = os.environ.get(self.name, "").strip()
@@ -75,53 +63,42 @@ class EnvVar:
         return f"| `{self.name}` | {self.type.__name__} | {default} | {self.meaning} |"
 
 
-# ---- serving ---------------------------------------------------------------------------------
+# ---- user: what a serving engineer sets ------------------------------------------------------
 IMPL = EnvVar(
     "SGLANG_DFLASH_IMPL",
     str,
     "ours",
     "`builtin` hands DFLASH back to SGLang's built-in worker (GPU only)",
     choices=("ours", "builtin"),
+    level=USER,
 )
 MODEL_DIR = EnvVar(
     "SGLANG_DFLASH_MODEL_DIR",
     str,
     "~/.cache/sglang_dflash/smollm2-135m-instruct",
     "where the embedded SmolLM2-135M-Instruct is derived (`embedded.py`)",
-)
-REFERENCE_OPS = EnvVar(
-    "SGLANG_DFLASH_REFERENCE_OPS",
-    bool,
-    False,
-    "1: register the torch reference ops even when the C++ extension is built",
+    level=USER,
 )
 BUILD_EXT = EnvVar(
-    "SGLANG_DFLASH_BUILD_EXT", bool, True, "0: `pip install` skips the C++/CUDA extension (read by setup.py itself)"
-)
-WERROR = EnvVar(
-    "SGLANG_DFLASH_WERROR",
+    "SGLANG_DFLASH_BUILD_EXT",
     bool,
-    False,
-    "1: build the extension with warnings as errors (`make install` and the build tests; read by setup.py itself)",
+    True,
+    "0: `pip install` skips the C++/CUDA extension (torch reference ops instead; read by setup.py itself)",
+    level=USER,
 )
 WIDTH = EnvVar(
     "SGLANG_DFLASH_WIDTH",
     int,
     0,
     "verify width per step: 0 = chosen every step by the cost-aware controller; W (1..block) pins it",
+    level=USER,
 )
 PROFILE = EnvVar(
     "SGLANG_DFLASH_PROFILE",
     bool,
     True,
     "0: skip the start-up step-cost profile (the controller then verifies the whole block)",
-)
-FORK_START = EnvVar(
-    "SGLANG_DFLASH_FORK_START",
-    bool,
-    True,
-    "CPU: fork SGLang's scheduler and detokenizer from the launching process instead of spawning "
-    "them (they skip re-importing SGLang: a tiny-model server is healthy in ~20 s instead of ~33 s); 0: spawn",
+    level=USER,
 )
 CPU_THREADS = EnvVar(
     THREADS_VAR,
@@ -130,65 +107,7 @@ CPU_THREADS = EnvVar(
     "CPU: OpenMP threads of each scheduler's forward (srt/cpu_threads.py): 0 = the cores its rank is bound "
     "to (SGLang's SGLANG_CPU_OMP_THREADS_BIND or NUMA node, within the process's affinity), N = N; the "
     "launching, tokenizer and detokenizer processes keep OMP_NUM_THREADS=1",
-)
-PROFILE_BUDGET = EnvVar(
-    "SGLANG_DFLASH_PROFILE_BUDGET",
-    int,
-    60,
-    "seconds the start-up step-cost profile may take: batch sizes it cannot reach are extrapolated",
-)
-CPU_LINEAR = EnvVar(
-    "SGLANG_DFLASH_CPU_LINEAR",
-    str,
-    "auto",
-    "DFLASH servers' bf16 target GEMMs on CPU through our kernel (csrc/bf16_linear_cpu.cpp): "
-    "`auto` (every GEMM where oneDNN has no native bf16; where it has, up to 3 rows, 64 with AVX512-BF16, "
-    "8 where AMX tiles serve oneDNN, 4 there with the weights packed), `1` (every GEMM), `0` (torch's)",
-    choices=("auto", "1", "0"),
-)
-CPU_PACKED = EnvVar(
-    "SGLANG_DFLASH_CPU_PACKED",
-    str,
-    "auto",
-    "DFLASH servers' bf16 target weights packed once for oneDNN (srt/packed_weights.py), for the GEMMs wider "
-    "than our kernel takes (up to 4 rows then where the CPU has AMX tiles): `auto` (where the CPU has AMX "
-    "bf16 tiles), `1` (wherever torch's oneDNN packs bf16), `0` (torch's linear, which reorders the weight "
-    "every call); packing keeps a second copy of the weights in memory",
-    choices=("auto", "1", "0"),
-)
-CPU_ROPE = EnvVar(
-    "SGLANG_DFLASH_CPU_ROPE",
-    str,
-    "auto",
-    "DFLASH servers' bf16 rotary embedding on CPU through our fused op (csrc/rope_cpu.cpp, bit-identical "
-    "to SGLang's): `auto` (with the CPU GEMM kernel), `1` (any bf16 CPU target), `0` (SGLang's)",
-    choices=("auto", "1", "0"),
-)
-CPU_NORM = EnvVar(
-    "SGLANG_DFLASH_CPU_NORM",
-    str,
-    "auto",
-    "DFLASH servers' bf16 RMSNorm (with its residual add) on CPU through our fused op (csrc/rms_norm_cpu.cpp, "
-    "bit-identical to SGLang's): `auto` (with the CPU GEMM kernel), `1` (any bf16 CPU target), `0` (SGLang's)",
-    choices=("auto", "1", "0"),
-)
-CPU_STACK = EnvVar(
-    "SGLANG_DFLASH_CPU_STACK",
-    str,
-    "auto",
-    "DFLASH servers' bf16 CPU Llama target: decode and verify steps (up to 32 rows) run the layer stack as one "
-    "loop of our fused ops instead of SGLang's per-layer boundary machinery (srt/llama_stack.py, bit-identical), "
-    "each layer of a verify step of up to 4 rows a request one C++ call (csrc/llama_layer_cpu.cpp): `auto` (on), "
-    "`loop` (the loop only, no one-call layers), `0` (SGLang's forward)",
-    choices=("auto", "loop", "0"),
-)
-CPU_ATTENTION = EnvVar(
-    "SGLANG_DFLASH_CPU_ATTENTION",
-    str,
-    "1",
-    "DFLASH servers' verify and draft-block attention on CPU through our fused op (csrc/chain_attention_cpu.cpp: "
-    "K/V read in place through the slot table, no gathered copy): `1` (float32 and bf16), `0` (gather + torch SDPA)",
-    choices=("1", "0"),
+    level=USER,
 )
 CPU_ISA = EnvVar(
     "SGLANG_DFLASH_CPU_ISA",
@@ -197,6 +116,7 @@ CPU_ISA = EnvVar(
     "CPU kernels' instruction set at most (csrc/cpu_features.h, capped by what the CPU has; read once per "
     "process): `auto` (the CPU's best), `scalar`, `avx2`, `avx512`, `avx512bf16`, `amx` (oneDNN's AMX GEMMs)",
     choices=("auto", "scalar", "avx2", "avx512", "avx512bf16", "amx"),
+    level=USER,
 )
 GRAPHS = EnvVar(
     "SGLANG_DFLASH_GRAPHS",
@@ -209,6 +129,7 @@ GRAPHS = EnvVar(
     "forward of every played width replays its own captured graphs (srt/verify_widths.py); "
     "--disable-cuda-graph turns both off (docs/graphs.md)",
     choices=("auto", "cuda", "eager", "compile", "0"),
+    level=USER,
 )
 PROPOSAL = EnvVar(
     "SGLANG_DFLASH_PROPOSAL",
@@ -217,6 +138,43 @@ PROPOSAL = EnvVar(
     "DFlash 1 drafts of unseeded sampled requests: `argmax` (sample-and-match), `q1` (draft 1 drawn "
     "from the drafter's q, rejection), `qall` (every draft drawn from q, rejection)",
     choices=("argmax", "q1", "qall"),
+    level=USER,
+)
+DRAIN_S = EnvVar(
+    "SGLANG_DFLASH_DRAIN_S",
+    int,
+    60,
+    "seconds a SIGTERM'd server lets running requests finish (new ones get 503 with Retry-After); the "
+    "ones left are then aborted and the process exits 0 (srt/drain.py); keep the pod's "
+    "terminationGracePeriodSeconds above preStop + this + 30",
+    level=USER,
+)
+
+# ---- advanced: tuning, builds, the CPU ops' escape hatch -------------------------------------
+REFERENCE_OPS = EnvVar(
+    "SGLANG_DFLASH_REFERENCE_OPS",
+    bool,
+    False,
+    "1: register the torch reference ops even when the C++ extension is built",
+)
+WERROR = EnvVar(
+    "SGLANG_DFLASH_WERROR",
+    bool,
+    False,
+    "1: build the extension with warnings as errors (`make install` and the build tests; read by setup.py itself)",
+)
+FORK_START = EnvVar(
+    "SGLANG_DFLASH_FORK_START",
+    bool,
+    True,
+    "CPU: fork SGLang's scheduler and detokenizer from the launching process instead of spawning "
+    "them (they skip re-importing SGLang); 0: spawn",
+)
+PROFILE_BUDGET = EnvVar(
+    "SGLANG_DFLASH_PROFILE_BUDGET",
+    int,
+    60,
+    "seconds the start-up step-cost profile may take: batch sizes it cannot reach are extrapolated",
 )
 FLASHINFER_BACKEND = EnvVar(
     "SGLANG_DFLASH_FLASHINFER_BACKEND",
@@ -226,85 +184,91 @@ FLASHINFER_BACKEND = EnvVar(
     "attention pins), `fa3` (Hopper), `auto` (FlashInfer's choice: fa3 on Hopper)",
     choices=("fa2", "fa3", "auto"),
 )
-DRAIN_S = EnvVar(
-    "SGLANG_DFLASH_DRAIN_S",
-    int,
-    60,
-    "seconds a SIGTERM'd server lets running requests finish (new ones get 503 with Retry-After); the "
-    "ones left are then aborted and the process exits 0 (srt/drain.py); keep the pod's "
-    "terminationGracePeriodSeconds above preStop + this + 30",
-)
-CPU_SHIMS_LOGGED = EnvVar(
-    "SGLANG_DFLASH_CPU_SHIMS_LOGGED", bool, False, "internal: set once the CPU `sgl_kernel` stand-in warning was shown"
-)
-
-# ---- debugging -------------------------------------------------------------------------------
-DEBUG_DUMP_DIR = EnvVar(
-    "SGLANG_DFLASH_DEBUG_DUMP_DIR", str, None, "debug: save each request's drafter context K/V after prefill here"
-)
-DEBUG_FAIL_DRAFT_EVERY = EnvVar(
-    "SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY", int, 0, "fault injection: every Nth draft step raises (0: never)"
-)
-DEBUG_FAIL_WARMUP = EnvVar(
-    "SGLANG_DFLASH_DEBUG_FAIL_WARMUP", bool, False, "fault injection: the drafter attention's start-up warm-up raises"
-)
-DEBUG_STEER = EnvVar(
-    "SGLANG_DFLASH_DEBUG_STEER",
-    float,
-    None,
-    "debug: steer every loaded target to propose the steered tiny drafter's token (value: strength; "
-    "controlled acceptance on dummy weights, bench/checks/e2e_check.py)",
-)
-DEBUG_BROKEN_RULE = EnvVar(
-    "SGLANG_DFLASH_DEBUG_BROKEN_RULE",
+CPU_OPS = EnvVar(
+    "SGLANG_DFLASH_CPU_OPS",
     str,
     None,
-    "tests: serve with one deliberately broken sampling rule (testing/broken_rules.py) to prove a test can fail",
+    "CPU: overrides of the bf16 target's fused ops, each `auto` unless named, as `op=value,...`: "
+    "`linear` (our GEMM kernel, csrc/bf16_linear_cpu.cpp: `1` every GEMM, `0` torch's), `packed` (weights "
+    "packed once for oneDNN, srt/packed_weights.py; auto: AMX hosts), `rope`, `norm` (our fused ops; auto: "
+    "with the GEMM kernel), `stack` (srt/llama_stack.py: `loop` without one-call layers, `0` SGLang's "
+    "forward), `attention` (chain attention; `0`: gather + torch SDPA); e.g. `linear=0,stack=loop`",
 )
-DEBUG_RANDOM_WIDTH = EnvVar(
-    "SGLANG_DFLASH_DEBUG_RANDOM_WIDTH",
-    int,
-    None,
-    "debug: draw the verify width at random every step from the candidates (value: the seed)",
-)
-DEBUG_STEP_TRACE = EnvVar(
-    "SGLANG_DFLASH_DEBUG_STEP_TRACE",
-    str,
-    None,
-    "debug: append one JSON line per decode step here (batch size, width, stage and all-in seconds, "
-    "commits, the controller's rates and cost corrections; bench/width_trace.py reads it)",
-)
-DEBUG_WIDTH_CYCLE = EnvVar(
-    "SGLANG_DFLASH_DEBUG_WIDTH_CYCLE",
-    str,
-    None,
-    "debug: comma-separated widths cycled by the first request's verify step count (e.g. `16,1,1,16`)",
-)
-
-# ---- tests -----------------------------------------------------------------------------------
-TEST_CACHE = EnvVar(
-    "SGLANG_DFLASH_TEST_CACHE",
-    str,
-    "/tmp/sglang_dflash_test_models",
-    "tests: where generated tiny models and pairs are cached",
-)
-TEST_BROKEN_RULES = EnvVar(
-    "SGLANG_DFLASH_TEST_BROKEN_RULES",
-    bool,
-    False,
-    "tests: 1 also serves each deliberately broken sampling rule and requires the served test to fail it",
-)
-TEST_LOGS = EnvVar(
-    "SGLANG_DFLASH_TEST_LOGS", str, "/tmp/sglang_dflash_logs", "tests: where the test servers' logs are written"
-)
-
-ALL = [v for v in list(globals().values()) if isinstance(v, EnvVar)]
+# op -> its values (the first is the default); each op replaces one switch of RETIRED
+CPU_OP_CHOICES = {
+    "linear": ("auto", "1", "0"),
+    "packed": ("auto", "1", "0"),
+    "rope": ("auto", "1", "0"),
+    "norm": ("auto", "1", "0"),
+    "stack": ("auto", "loop", "0"),
+    "attention": ("auto", "1", "0"),
+}
+RETIRED = {
+    "SGLANG_DFLASH_CPU_LINEAR": "linear",
+    "SGLANG_DFLASH_CPU_PACKED": "packed",
+    "SGLANG_DFLASH_CPU_ROPE": "rope",
+    "SGLANG_DFLASH_CPU_NORM": "norm",
+    "SGLANG_DFLASH_CPU_STACK": "stack",
+    "SGLANG_DFLASH_CPU_ATTENTION": "attention",
+}
 
 
-def table() -> str:
+@functools.lru_cache(maxsize=16)
+def parse_cpu_ops(raw: str) -> dict[str, str]:
+    """`linear=0, stack=loop` -> every op's value (`auto` where not named)."""
+    ops = {op: values[0] for op, values in CPU_OP_CHOICES.items()}
+    for item in filter(None, (s.strip() for s in raw.split(","))):
+        op, eq, value = (s.strip().lower() for s in item.partition("="))
+        if not eq or op not in CPU_OP_CHOICES or value not in CPU_OP_CHOICES[op]:
+            want = "; ".join(f"{o}={'|'.join(v)}" for o, v in CPU_OP_CHOICES.items())
+            raise ValueError(f"{CPU_OPS.name}={raw!r}: {item!r} is not op=value; expected a comma list of {want}")
+        ops[op] = value
+    return ops
+
+
+def cpu_op(op: str) -> str:
+    """One CPU op's setting from SGLANG_DFLASH_CPU_OPS (`auto` unless overridden). The retired
+    one-variable-per-op switches are refused, naming the form that replaced them."""
+    for old, name in RETIRED.items():
+        value = os.environ.get(old, "").strip()
+        if value:
+            raise ValueError(f"{old} was replaced by {CPU_OPS.name}: unset it and set {CPU_OPS.name}={name}={value}")
+    return parse_cpu_ops(CPU_OPS.get() or "")[op]
+
+
+def cpu_ops_with(raw: str, **overrides: str) -> str:
+    """A SGLANG_DFLASH_CPU_OPS value: raw's overrides with these set (benches and tests build arms)."""
+    ops = {k: v for k, v in parse_cpu_ops(raw).items() if v != CPU_OP_CHOICES[k][0]} | overrides
+    order = [k for k in CPU_OP_CHOICES if k in ops] + [k for k in ops if k not in CPU_OP_CHOICES]
+    value = ",".join(f"{k}={ops[k]}" for k in order)
+    parse_cpu_ops(value)  # an unknown op or value raises, naming the choices
+    return value
+
+
+DECLARED = [v for v in list(globals().values()) if isinstance(v, EnvVar)]
+
+
+def __getattr__(name: str):
+    """The debug, test and internal switches (env_debug.py), reached as env.X; ALL: every level."""
+    from sglang_dflash import env_debug
+
+    if name == "ALL":
+        return DECLARED + env_debug.DECLARED
+    var = getattr(env_debug, name, None)
+    if not isinstance(var, EnvVar):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return var
+
+
+def table(levels=(USER,)) -> str:
+    rows = [v for v in __getattr__("ALL") if v.level in levels]
     head = "| variable | type | default | meaning |\n| --- | --- | --- | --- |\n"
-    return head + "\n".join(v.table_row() for v in ALL)
+    return head + "\n".join(v.table_row() for v in rows)
 
 
 if __name__ == "__main__":
-    print(table())
+    if "--all" in sys.argv[1:]:
+        for level in (USER, ADVANCED, DEBUG, INTERNAL):
+            print(f"\n{level}:\n{table((level,))}")
+    else:
+        print(table())

@@ -8,7 +8,7 @@ mask hides the padding (and what causality or a window hides). On CPU the reques
 by length and cut into a few length groups, one SDPA call each: the CPU SDPA kernel computes masked
 keys in full, so padding a 100-key request to 800 keys would cost more than the loop it replaces.
 Where the extension is built, verify calls and short draft calls read the rows in place instead
-(fused(): chain_attention; SGLANG_DFLASH_CPU_ATTENTION=0 keeps gather + SDPA everywhere).
+(fused(): chain_attention; SGLANG_DFLASH_CPU_OPS=attention=0 keeps gather + SDPA everywhere).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def fused(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: i
         and q.dtype in (torch.float32, torch.bfloat16)
         and k_cache.dtype == q.dtype == v_cache.dtype
         and k_cache.shape[-1] == q.shape[-1]
-        and env.CPU_ATTENTION.get() == "1"
+        and env.cpu_op("attention") != "0"
         and kernels.load() == "extension"
     )
 

@@ -8,7 +8,7 @@ The DFLASH worker turns this on at start-up (`enable`) for a bf16 CPU target; SG
 and LM head then call the op, its rotary embeddings the fused one (one pass instead of ~25 torch
 ops a layer, bit-identical: ~8% of a width-1 step, bench/step_profile.py). A plain server (no
 DFLASH worker) is left as SGLang made it.
-SGLANG_DFLASH_CPU_LINEAR: auto (every GEMM where oneDNN has no native bf16; where it has, GEMMs of up
+SGLANG_DFLASH_CPU_OPS linear=: auto (every GEMM where oneDNN has no native bf16; where it has, GEMMs of up
 to NATIVE_BF16_MAX_ROWS rows: the decode and narrow-verify shapes, where streaming the weights once
 beats oneDNN; up to DOT_BF16_MAX_ROWS where the CPU has AVX512-BF16 and the kernel its native bf16
 dot products, AMX_MAX_ROWS where oneDNN also has AMX tiles), 1 (every GEMM of any bf16 CPU target),
@@ -51,7 +51,7 @@ NORM_MAX_TOKENS = 64
 
 def wanted(device_type: str, dtype: torch.dtype) -> bool:
     """A bf16 CPU target, not turned off (auto: every GEMM or the narrow ones; enable sets which)."""
-    return device_type == "cpu" and dtype == torch.bfloat16 and env.CPU_LINEAR.get() != "0"
+    return device_type == "cpu" and dtype == torch.bfloat16 and env.cpu_op("linear") != "0"
 
 
 def native_bf16() -> bool:
@@ -91,14 +91,14 @@ def enable(device_type: str, dtype: torch.dtype) -> bool:
     from sglang_dflash import kernels
 
     _state["on"] = wanted(device_type, dtype) and kernels.load() == "extension"
-    auto = env.CPU_LINEAR.get() == "auto"
+    auto = env.cpu_op("linear") == "auto"
     rows = None
     if _state["on"] and auto:
         rows = max_rows(native_bf16(), dot_bf16(), amx_bf16(), packed_weights.wanted(amx_bf16()))
     _state["max_rows"] = rows
     cpu_bf16 = device_type == "cpu" and dtype == torch.bfloat16
-    for key, var in (("rope", env.CPU_ROPE), ("norm", env.CPU_NORM)):
-        v = var.get()
+    for key in ("rope", "norm"):
+        v = env.cpu_op(key)
         _state[key] = cpu_bf16 and v != "0" and (v == "1" or _state["on"]) and kernels.load() == "extension"
     return _state["on"]
 

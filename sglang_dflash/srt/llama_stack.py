@@ -19,7 +19,7 @@ logprob, stack on vs off).
 Prefill (extend) batches, verify batches whose layers cannot be one call past the fused rotary
 embedding's 32 rows, and anything this does not recognise (another model class, quantized or LoRA
 layers, tensor/pipeline parallelism, float32, a GPU) keep SGLang's forward.
-SGLANG_DFLASH_CPU_STACK: auto (on for a DFLASH server's CPU target), loop (no one-call layers), 0 (off).
+SGLANG_DFLASH_CPU_OPS stack=: auto (on for a DFLASH server's CPU target), loop (no one-call layers), 0 (off).
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ counts = {"fused": 0, "sglang": 0, "layer_op": 0}
 
 def enable(device_type: str) -> bool:
     """Called by the DFLASH worker at start-up: a CPU target, not turned off."""
-    _state["on"] = device_type == "cpu" and env.CPU_STACK.get() != "0"
-    _state["layer_op"] = env.CPU_STACK.get() == "auto"
+    stack = env.cpu_op("stack")  # read on every device: a retired CPU switch is refused at any start
+    _state["on"] = device_type == "cpu" and stack != "0"
+    _state["layer_op"] = stack == "auto"
     return _state["on"]
 
 

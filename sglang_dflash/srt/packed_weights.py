@@ -8,7 +8,7 @@ GEMMs a step): 40 / 52 / 72 ms at 16 / 64 / 128 rows -> 24 / 35 / 52. The cost i
 the target's linear weights in memory. After SGLang updates the weights (from disk, tensors, IPC or
 a distributed group) the worker packs them again (plugin.py's hooks); a weight not packed takes
 torch's linear, never a stale copy.
-SGLANG_DFLASH_CPU_PACKED: `auto` (default: where the CPU has AMX bf16 tiles, where it was measured:
+SGLANG_DFLASH_CPU_OPS packed=: `auto` (default: where the CPU has AMX bf16 tiles, where it was measured:
 served with the batch held full at 16 and 32 requests, run `2026-12-06-2bf34dc`, every packed /
 unpacked pair >= 1.00x, width 1 +29% / +16%, adaptive +18% / +4%; docs/serving.md), `1` (wherever
 torch's oneDNN packs bf16), `0` (off).
@@ -30,7 +30,7 @@ _state = {"model": None, "packed": 0}
 
 def wanted(amx: bool) -> bool:
     """amx: the CPU has AMX bf16 tiles (cpu_linear.amx_bf16())."""
-    v = env.CPU_PACKED.get()
+    v = env.cpu_op("packed")
     return v == "1" or (v == "auto" and amx)
 
 
