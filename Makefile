@@ -56,6 +56,15 @@ lint: install
 test-fast: install
 	$(VPY) -m pytest -q python_tests -m "not server" $(PYTEST_ARGS)
 
+# The first thing to run on a new GPU (docs/graphs.md): the one-go check (kernels + the SGLang-free loop:
+# CUDA graphs at every bucket x width, token-identical to the target's greedy), then the e2e tier on
+# SGLang (ours, ours with graphs off, the built-in worker, no speculation). Reports in GPU_CHECK_OUT.
+GPU_CHECK_OUT ?= bench/checks/reports
+.PHONY: gpu-check
+gpu-check: install
+	bench/checks/gpu_check.sh --out $(GPU_CHECK_OUT)
+	bench/checks/gpu_check.sh --e2e --out $(GPU_CHECK_OUT)
+
 clean:
 	rm -rf $(VENV) build *.egg-info
 
