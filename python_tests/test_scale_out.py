@@ -138,12 +138,18 @@ def test_a_worker_killed_under_load_loses_no_token(pair_models, replicas):
     _, w1, p1, front = replicas
     in_flight = []
 
-    def kill():  # what the worker holds the moment before it dies: the router sent it requests
+    def held() -> int:
         loads = requests.get(w1.url + "/v1/loads", params={"include": "core"}, timeout=10).json()["loads"]
-        in_flight.append(sum(r["num_running_reqs"] + r["num_waiting_reqs"] for r in loads))
+        return sum(r["num_running_reqs"] + r["num_waiting_reqs"] for r in loads)
+
+    def kill():  # the moment the router has sent it requests it still holds (by 30 s at the latest)
+        deadline, n = time.time() + 30, 0
+        while time.time() < deadline and (n := held()) == 0:
+            time.sleep(0.1)
+        in_flight.append(n)
         os.killpg(os.getpgid(w1.proc.pid), signal.SIGKILL)
 
-    killer = threading.Timer(4.0, kill)
+    killer = threading.Timer(2.0, kill)
     killer.start()
     done, errors = load(front)
     killer.join()
