@@ -157,11 +157,11 @@ def test_each_broken_rule_fails_the_served_test(served, broken_rows, broken):
     target, flat, ref, _, _ = served
     with launch_rule(target, flat, "qall", 16, broken) as srv:
         got = run(srv)
-    ps = {f"{s}@{pos}": homogeneity_p(ref[s][pos], got[s][pos]) for s in SETTINGS for pos in POSITIONS}
+    ps = {f"{s}@{pos}": float(homogeneity_p(ref[s][pos], got[s][pos])) for s in SETTINGS for pos in POSITIONS}
     print(f"{broken}: min p={min(ps.values()):.3g}")
     tau = {s: round(got[s]["tau"], 3) for s in SETTINGS}
     broken_rows.append(
         {"rule": broken, "server": "qall-flat-w16", "n": N, "min_p": min(ps.values()), "threshold": MIN_P, "p": ps}
-        | {"tau": tau, "caught": min(ps.values()) <= MIN_P}
+        | {"tau": tau, "caught": bool(min(ps.values()) <= MIN_P)}
     )
     assert min(ps.values()) <= MIN_P, f"{broken} passes the served test: it cannot tell this broken rule"
