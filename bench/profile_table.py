@@ -11,10 +11,8 @@ each cell's ratio after / before and width W over width 1 per arm.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,7 +24,7 @@ import provenance  # noqa: E402
 from sglang_dflash.cpu_serving import cpu_env, server_flags  # noqa: E402
 from sglang_dflash.drafters import shipped_drafter  # noqa: E402
 from sglang_dflash.embedded import derive  # noqa: E402
-from sglang_dflash.testing.servers import free_port  # noqa: E402
+from sglang_dflash.testing.servers import free_port, stop  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CELL = re.compile(r"([\d.]+)ms")
@@ -60,9 +58,7 @@ def profile(path: str, log_dir: str, name: str) -> dict[tuple[int, int], float]:
             time.sleep(1)
         raise TimeoutError(f"{name}: no profile in 900 s; log {log_path}")
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        stop(proc)
 
 
 def parse(text: str) -> dict[tuple[int, int], float]:

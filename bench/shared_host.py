@@ -21,7 +21,6 @@ import argparse
 import concurrent.futures as cf
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ import provenance  # noqa: E402
 from sglang_dflash.cpu_serving import CPU_ENGINE_VAR  # noqa: E402
 from sglang_dflash.drafters import shipped_drafter  # noqa: E402
 from sglang_dflash.embedded import derive  # noqa: E402
-from sglang_dflash.testing.servers import free_port  # noqa: E402
+from sglang_dflash.testing.servers import free_port, stop  # noqa: E402
 
 PROMPTS = [
     "Write a Python function that merges two sorted lists.",
@@ -69,12 +68,6 @@ def start(name: str, port: int, extra_env: dict, log_dir: str) -> tuple[subproce
         if time.perf_counter() - t0 > 900:
             raise TimeoutError(f"{name} not healthy in 900 s; log: {log.name}")
         time.sleep(0.5)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def serve(port: int, n: int, max_new: int) -> float:

@@ -17,7 +17,8 @@ rule (testing/broken_rules.py) and requires that each fails it.
 import concurrent.futures as cf
 
 import pytest
-from chi2 import homogeneity_p, in_support, unseen
+import chi2
+from chi2 import homogeneity_p
 
 from sglang_dflash import env as dflash_env
 from sglang_dflash.testing.broken_rules import RULES
@@ -63,22 +64,12 @@ def run(srv):
 def outside_support(plain, ref, got):
     """(setting, position, token) of every DFLASH token that the plain server never drew there and
     that its sampler cannot draw at that prefix."""
-    bad = []
-    for name, sp in SETTINGS.items():
-        for pos in POSITIONS:
-            for i in unseen(ref[name][pos], got[name][pos]):
-                out = got[name]["outs"][i]
-                body = {
-                    "input_ids": PROMPT + out[:pos],
-                    "return_logprob": True,
-                    "top_logprobs_num": VOCAB,
-                    "sampling_params": {"max_new_tokens": 1, "temperature": sp["temperature"]},
-                }
-                tops = plain.post("/generate", body).json()["meta_info"]["output_top_logprobs"][0]
-                filters = {k: v for k, v in sp.items() if k in ("top_k", "top_p", "min_p")}
-                if not in_support(tops, out[pos], **filters):
-                    bad.append((name, pos, out[pos]))
-    return bad
+    return [
+        (name, pos, tok)
+        for name, sp in SETTINGS.items()
+        for pos in POSITIONS
+        for _, tok in chi2.outside_support(plain, PROMPT, VOCAB, ref[name]["outs"], got[name]["outs"], pos, sp)
+    ]
 
 
 def seed(name: str) -> list[str]:

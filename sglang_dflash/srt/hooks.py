@@ -5,6 +5,7 @@ every SGLang process.
 """
 
 import logging
+import os
 
 from sglang_dflash import env
 
@@ -71,8 +72,6 @@ def cpu_defaults(device) -> dict:
     cpu_serving.py sets (our launcher sets them before any process starts; under a plain
     sglang.launch_server they reach the schedulers, spawned from this process). A user's own
     environment wins."""
-    import os
-
     from sglang_dflash.cpu_serving import OMP_WAIT, cuda_visible
 
     if (device or ("cuda" if cuda_visible() else "cpu")) != "cpu":
