@@ -70,6 +70,8 @@ def test_tiny_training_at_temperature(tmp_path):
     features.run(wd, target, num_context_layers=1, shard_size=6, dtype=torch.float32, topk=8)
     kw = dict(num_layers=1, block_size=4, lr=1e-2, anchors=8, seqs=4, ckpt_minutes=100, resume=False)
     out = train_run(wd, target, steps=200, distil=1.0, distil_temperature=0.7, eval_anchors=40, command="t", **kw)
-    assert out["loss_last"] < out["loss_first"] and out["best_tau"] > 1.5, out
+    # one held-out answer makes the walk tau coarse and run-to-run noisy; an
+    # untrained drafter walks about 1.0, so 1.3 still tells learning from none
+    assert out["loss_last"] < 0.1 * out["loss_first"] and out["best_tau"] > 1.3, out
     with open(os.path.join(wd, "train_summary.json")) as f:
         assert json.load(f)["distil_temperature"] == 0.7
