@@ -4,6 +4,7 @@ side in one run: each arm is a checkout (`--arm NAME PATH`, the package imported
 this one) started fresh, alternating ABBA over --repeats, the profile re-measured at every start.
 
 python bench/profile_table.py --arm before ~/.cache/sglang_dflash/ext/<ref> --arm after . [--repeats 2]
+    [--arm-env NAME KEY=VALUE ...]   (an arm's own environment, e.g. --arm-env packed SGLANG_DFLASH_CPU_OPS=packed=1)
 Appends one run to bench/results/profile_table.jsonl (one row per arm, repeat and cell) and prints
 each cell's ratio after / before and width W over width 1 per arm.
 """
@@ -30,15 +31,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CELL = re.compile(r"([\d.]+)ms")
 
 
-def profile(path: str, log_dir: str, name: str) -> dict[tuple[int, int], float]:
-    """{(bs, W): ms} from one fresh server's start-up log."""
+def profile(path: str, log_dir: str, name: str, env: dict) -> dict[tuple[int, int], float]:
+    """{(bs, W): ms} from one fresh server's start-up log; env: the arm's own variables."""
     port = free_port()
     argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", derive(), "--port", str(port)]
     argv += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", shipped_drafter()]
     argv += ["--dtype", "bfloat16", "--log-level", "info"]
     for k, v in server_flags().items():
         argv += [k] if v is None else [k, v]
-    environ = {**os.environ, **cpu_env(os.environ), "PYTHONPATH": os.path.abspath(path)}
+    environ = {**os.environ, **env}
+    environ = {**environ, **cpu_env(environ), "PYTHONPATH": os.path.abspath(path)}
     environ["HOME"] = tempfile.mkdtemp(prefix="profile-home-")  # an empty profile cache: measured at this start
     log_path = os.path.join(log_dir, f"profile-{name}-{port}.log")
     with open(log_path, "w") as log:  # cwd without the package: PYTHONPATH decides which code serves
@@ -78,6 +80,7 @@ def parse(text: str) -> dict[tuple[int, int], float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arm", nargs=2, action="append", required=True, metavar=("NAME", "PATH"))
+    ap.add_argument("--arm-env", nargs=2, action="append", default=[], metavar=("NAME", "KEY=VALUE"))
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--label")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "profile_table.jsonl"))
@@ -88,10 +91,11 @@ def main() -> None:
     rows, best = [], {}
     for rep in range(args.repeats):
         for name, path in provenance.arm_order(args.arm, rep):
-            table = profile(path, log_dir, name)
+            env = dict(kv.split("=", 1) for n, kv in args.arm_env if n == name)
+            table = profile(path, log_dir, name, env)
             for (bs, w), ms in table.items():
                 rows.append(
-                    {**provenance.base_fields(prov), "arm": name, "repeat": rep, "bs": bs, "width": w, "ms": ms}
+                    {**provenance.base_fields(prov), "arm": name, "env": env, "repeat": rep, "bs": bs, "width": w, "ms": ms}
                 )
                 best[(name, bs, w)] = min(ms, best.get((name, bs, w), ms))
             print(name, rep, table, flush=True)

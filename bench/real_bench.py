@@ -28,8 +28,10 @@ provenance (commit, dirty flag, host with ISA and memory bandwidth, every arm's 
 Appends one run to bench/results/real_bench.jsonl; bench/results_page.py draws the README headline.
 
 python bench/real_bench.py [--arms plain w1 adaptive] [--concurrency 1 4 16 32] [--temperatures 0 1]
-    [--repeats 2] [--sampled both] [--stop-at-eos] [--match-sched] [--waves 1] [--tiny]
+    [--repeats 2] [--sampled both] [--stop-at-eos] [--match-sched] [--waves 1] [--prompts heldout] [--tiny]
 --waves N: a row sends N times its requests (c, 2c below 16, at least 6) through c clients.
+--prompts unseen: kinds of text no training run reads (bench/unseen_set.py --fresh) instead of the
+drafter recipe's held-out prompts.
 --tiny: the tiny generated pair of `make serve-tiny` (float32, random prompts, concurrency
 1 / 4 / 16 at temperature 0) instead of the embedded model; appends to bench/results/tiny_bench.jsonl.
 """
@@ -205,24 +207,17 @@ def main():
     ap.add_argument("--model")
     ap.add_argument("--draft")
     ap.add_argument("--dtype", help="default: bfloat16 (float32 with --tiny)")
-    ap.add_argument("--arms", nargs="+", help="default: plain, fixed<B> (B: the drafter's block), adaptive")
+    ap.add_argument("--arms", nargs="+", help="default: plain, w1, adaptive")
     ap.add_argument("--concurrency", type=int, nargs="+", help="default: 1 4 16 32 (1 4 16 with --tiny)")
     ap.add_argument("--temperatures", type=float, nargs="+", help="default: 0 1 (0 with --tiny)")
     ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--prompts", choices=("heldout", "unseen"), default="heldout", help="see --prompts above")
     ap.add_argument("--waves", type=int, default=1, help="rows send N x their requests: N > 1 holds the batch full")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument(
-        "--sampled",
-        choices=("seeded", "unseeded", "both"),
-        default="both",
-        help="T>0 rows with sampling_seed, without it (DFlash 1 q proposal rules), or both",
-    )
-    ap.add_argument(
-        "--stop-at-eos",
-        dest="ignore_eos",
-        action="store_false",
-        help="requests stop at EOS (default: every request decodes exactly --max-new-tokens in every arm)",
-    )
+    seeded = "T>0 rows with sampling_seed, without it (DFlash 1 q proposal rules), or both"
+    ap.add_argument("--sampled", choices=("seeded", "unseeded", "both"), default="both", help=seeded)
+    eos = "requests stop at EOS (default: every request decodes exactly --max-new-tokens in every arm)"
+    ap.add_argument("--stop-at-eos", dest="ignore_eos", action="store_false", help=eos)
     ap.add_argument("--ignore-eos", action="store_true", help=argparse.SUPPRESS)  # the default; kept for old commands
     ap.add_argument("--tiny", action="store_true", help="the tiny steered pair instead of the embedded model")
     ap.add_argument("--label", help="what this run compares, kept in every row (docs/results.md shows it)")
@@ -250,7 +245,11 @@ def main():
 
         a.model = a.model or derive()
         a.draft = a.draft or shipped_drafter()
-        batch = heldout_prompts(AutoTokenizer.from_pretrained(a.model), max(a.requests, 32 * a.waves))
+        n = max(a.requests, 32 * a.waves)
+        from unseen_set import interleaved_prompts
+
+        tok = AutoTokenizer.from_pretrained(a.model)
+        batch = interleaved_prompts(a.model, n) if a.prompts == "unseen" else heldout_prompts(tok, n)
     a.arms = a.arms or ["plain", "w1", "adaptive"]
     seeding = {"seeded": [True], "unseeded": [False], "both": [True, False]}[a.sampled]
     arms = {name: provenance.arm(name, a.draft, ["--enable-metrics"], a.match_sched) for name in a.arms}
@@ -278,7 +277,7 @@ def main():
     rows = collate(runs, prov, argv, a.match_sched, a.max_new_tokens, baseline)
     for r in rows:
         r["env"], r["ignore_eos"] = arms[r["config"]][2], a.ignore_eos
-        r["waves"] = a.waves
+        r["waves"], r["prompts"] = a.waves, a.prompts
         if a.label:
             r["label"] = a.label
     run_name = provenance.append_rows(a.out, rows, prov)

@@ -103,6 +103,15 @@ def fresh_rows(per_family: int, model: str) -> list[dict]:
     return chat_rows([{**d, "id": d["id"].removeprefix("fresh-")} for d in fresh(per_family)], model)
 
 
+def interleaved_prompts(model: str, n: int) -> list[list[int]]:
+    """n prompt token lists of fresh() (served benches: bench/real_bench.py --prompts unseen), the
+    families interleaved."""
+    rows = fresh_rows((n + 3) // 4, model)
+    fams = sorted({r["family"] for r in rows})
+    by = [[r["prompt_ids"] for r in rows if r["family"] == f] for f in fams]
+    return [ids for group in zip(*by) for ids in group][:n]
+
+
 def other_rows(kind: str, n: int, model: str, seed: int = 9) -> list[dict]:
     """Walk sets beside the unseen one, as rows like fresh_rows': "templated" the first n held-out
     prompts of train/prompts.py (held out by content hash in every run), "long" the first n of

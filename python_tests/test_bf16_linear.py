@@ -93,6 +93,10 @@ def test_hooks_route_only_when_enabled(monkeypatch):
         monkeypatch.setattr(cpu_linear, "amx_bf16", lambda: False)
         assert cpu_linear.enable("cpu", torch.bfloat16)
         assert cpu_linear._state["max_rows"] == cpu_linear.DOT_BF16_MAX_ROWS
+        monkeypatch.setenv("SGLANG_DFLASH_CPU_OPS", "linear=auto,packed=1")  # packed: oneDNN past 16 rows
+        assert cpu_linear.enable("cpu", torch.bfloat16)
+        assert cpu_linear._state["max_rows"] == cpu_linear.gemm_rows() == cpu_linear.DOT_PACKED_MAX_ROWS
+        monkeypatch.setenv("SGLANG_DFLASH_CPU_OPS", "linear=auto")
         monkeypatch.setattr(cpu_linear, "amx_bf16", lambda: True)  # and AMX tiles: oneDNN's sooner,
         monkeypatch.setenv("SGLANG_DFLASH_CPU_OPS", "linear=auto")  # sooner still on weights packed for
         assert cpu_linear.enable("cpu", torch.bfloat16)  # it (auto: on AMX hosts)

@@ -40,6 +40,10 @@ AMX_MAX_ROWS = 8
 # 2026-12-06) ours vs packed 13.5 vs 18.6 ms at 1 row, 19.7 vs 20.6 at 4, 31.8 vs 19.0 at 8, 62.1 vs 17.7
 # at 16: ours up to 4 rows.
 AMX_PACKED_MAX_ROWS = 4
+# With the weights packed on an AVX512-BF16 host without AMX, oneDNN's blocked GEMM reuses each
+# weight tile across more rows than our one-pass stream does: ours while a GEMM is bound by the
+# weights' stream, packed once arithmetic binds (bench/cpu_linear_bench.py --threads 2: its packed column).
+DOT_PACKED_MAX_ROWS = 16
 # rope_qk's scalar pass wins up to here; past it torch's vectorized ops do (bench/ops_bench.py, the
 # embedded target's heads; AVX2 host: 8.6x at 1 token, 2.7x at 16, 1.26x at 48, 0.7x at 128;
 # AVX512-BF16 host: 6.1x at 1, 1.69x at 16, 0.86x at 48, 0.57x at 128).
@@ -83,7 +87,7 @@ def max_rows(native: bool, dot: bool, amx: bool, packed: bool = False):
         return NATIVE_BF16_MAX_ROWS
     if amx:
         return AMX_PACKED_MAX_ROWS if packed else AMX_MAX_ROWS
-    return DOT_BF16_MAX_ROWS
+    return DOT_PACKED_MAX_ROWS if packed else DOT_BF16_MAX_ROWS
 
 
 def enable(device_type: str, dtype: torch.dtype) -> bool:
