@@ -134,7 +134,7 @@ GRAPHS = EnvVar(
 PROPOSAL = EnvVar(
     "SGLANG_DFLASH_PROPOSAL",
     str,
-    "qall",
+    "argmax",
     "DFlash 1 drafts of unseeded sampled requests: `argmax` (sample-and-match), `q1` (draft 1 drawn "
     "from the drafter's q, rejection), `qall` (every draft drawn from q, rejection)",
     choices=("argmax", "q1", "qall"),
