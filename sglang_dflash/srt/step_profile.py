@@ -47,28 +47,47 @@ def _width_settings(block: int):
     return fixed, seed, cycle, widths_for_bs
 
 
+def _dropped(worker) -> set:
+    """The widths whose verify backend failed to build (verify_widths.py): never played."""
+    return worker.verify_widths.failed if worker.verify_widths is not None else set()
+
+
+def _settings(worker):
+    """_width_settings less the dropped widths: a pinned or cycled one plays B instead, a candidate
+    list left empty holds B (SGLang's own width, always there)."""
+    block, dropped = worker.block_size, _dropped(worker)
+    fixed, seed, cycle, widths_for_bs = _width_settings(block)
+    if dropped:
+        fixed = block if fixed in dropped else fixed
+        cycle = [block if w in dropped else w for w in cycle]
+        widths_for_bs = {k: [w for w in ws if w not in dropped] or [block] for k, ws in widths_for_bs.items()}
+    return fixed, seed, cycle, widths_for_bs
+
+
 def played_widths(worker) -> list[int]:
     """The widths make_controller can choose (start-up builds their verify graphs): the pinned width,
     the debug cycle, or the candidates and 1; the random debug width plays any 1..B (widths not
     listed here verify eagerly)."""
-    fixed, _, cycle, widths_for_bs = _width_settings(worker.block_size)
+    fixed, _, cycle, widths_for_bs = _settings(worker)
     if fixed is not None:
         return [fixed]
-    return sorted(set(cycle)) if cycle else sorted({w for ws in widths_for_bs.values() for w in ws} | {1})
+    played = set(cycle) if cycle else {w for ws in widths_for_bs.values() for w in ws} | {1}
+    return sorted(played - _dropped(worker))
 
 
 def make_controller(worker) -> WidthController:
     """The width controller the server runs with: pinned (SGLANG_DFLASH_WIDTH), random (debug), or
     cost-aware over the candidates of --speculative-adaptive-config (default: 1, 2, 4, 8, B)."""
     block = worker.block_size
-    fixed, seed, cycle, widths_for_bs = _width_settings(block)
+    fixed, seed, cycle, widths_for_bs = _settings(worker)
     cost = None
     if fixed is None and seed is None and not cycle and env.PROFILE.get():
         max_running = worker.server_args.max_running_requests or 48
         sizes = profile_batch_sizes(min(max_running, worker.model_runner.req_to_token_pool.size - 1))
         cost = profile_cache.cached_costs(worker, played_widths(worker), sizes, profile_costs)
     ctl = WidthController(block, cost, widths_for_bs, fixed=fixed, debug_seed=seed, cycle=cycle)
-    logger.info("DFLASH verify width: %s, candidates by batch size %s", ctl.mode, widths_for_bs)
+    dropped = f" (not played, their verify backend failed: {sorted(_dropped(worker))})" if _dropped(worker) else ""
+    logger.info("DFLASH verify width: %s, candidates by batch size %s%s", ctl.mode, widths_for_bs, dropped)
     return ctl
 
 
