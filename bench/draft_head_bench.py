@@ -11,7 +11,7 @@ draft vocabularies (model/draft_vocab.py), at batch 1 / 4 / 16, one thread, bf16
 --uncut: beside each vocabulary, the drafter running its last MLP over the whole block, not only the
 W rows the step reads (the row cut of DrafterLayer.forward), to measure what the cut buys.
 --gemm torch ours: the drafter's matmuls and head through torch (F.linear / @) and through the CPU
-GEMM kernel a DFLASH server routes them to (srt/cpu_linear.linear, DFlashDrafter.route_matmuls).
+GEMM kernel a DFLASH server routes them to (cpu/cpu_linear.linear, DFlashDrafter.route_matmuls).
 --flush-mb M: read M MiB between calls so the weights come from memory, not cache, as when serving
 (the target's verify, 270 MB of weights, runs between two draft steps).
 
@@ -41,7 +41,7 @@ from sglang_dflash.model.loader import load_drafter  # noqa: E402
 from sglang_dflash.pipeline.attention import TorchBlockAttention  # noqa: E402
 from sglang_dflash.pipeline.context_kv import DraftKVCache  # noqa: E402
 from sglang_dflash.pipeline.draft import propose  # noqa: E402
-from sglang_dflash.srt import cpu_linear  # noqa: E402
+from sglang_dflash.cpu import cpu_linear  # noqa: E402
 from sglang_dflash.train.__main__ import DRAFTER_DIR  # noqa: E402
 from sglang_dflash.train.target_files import load_target_tensor  # noqa: E402
 

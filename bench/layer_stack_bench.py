@@ -1,7 +1,7 @@
 """The embedded target's forward outside the server: one decode / verify step of SmolLM2-135M's 30
 layers + final norm + LM head on the tensors a served step hands them (bf16 weights, every layer its
 own, so a step streams 270 MB as a served one does; a KV pool with `--prefix` tokens of context a
-request), timed whole (each layer one `llama_layer` call, as srt/llama_stack.py runs it) and by
+request), timed whole (each layer one `llama_layer` call, as cpu/llama_stack.py runs it) and by
 component (each op of the layer over all 30 layers, on the same inputs). What the whole costs above
 the sum of its parts is the layer op's own overhead; what a served step costs above the whole is
 serving (SGLang's scheduler, sampling, our worker), read beside `bench/step_profile.py`.
@@ -30,10 +30,10 @@ sys.path[:0] = [ARM_ROOT, os.path.join(ROOT, "bench"), os.path.join(ROOT, "bench
 import provenance  # noqa: E402
 from sglang_dflash import kernels  # noqa: E402  (before gpu_check, which puts this checkout first on the path)
 from sglang_dflash.kernels.reference import rope_cos_sin_cache  # noqa: E402
-from sglang_dflash.srt import cpu_linear  # noqa: E402
+from sglang_dflash.cpu import cpu_linear  # noqa: E402
 
 try:
-    from sglang_dflash.srt import packed_weights  # an arm's build from before it has none
+    from sglang_dflash.cpu import packed_weights  # an arm's build from before it has none
 except ImportError:
     packed_weights = None
 from gpu_check import timeit  # noqa: E402  (the timing code of every bench here)
@@ -137,7 +137,7 @@ def measure(args) -> list[dict]:
     cpu_linear.enable("cpu", torch.bfloat16)  # the served routing: GEMMs past its row bound take torch's
     ops, g = kernels.ops(), torch.Generator().manual_seed(0)
     layers, norm, head = model(g)
-    packed = False  # as the worker packs them (srt/packed_weights.py), where this arm's build has it
+    packed = False  # as the worker packs them (cpu/packed_weights.py), where this arm's build has it
     wanted = packed_weights and packed_weights.wanted  # an older arm's takes no argument
     if wanted and (wanted(cpu_linear.amx_bf16()) if wanted.__code__.co_argcount else wanted()):
         ws = [w[n] for w in layers for n in ("qkv_w", "o_w", "gate_up_w", "down_w")] + [head]

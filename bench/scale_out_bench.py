@@ -1,7 +1,7 @@
 """Scale-out layouts side by side in one run: which one should a CPU user pick?
 
 On the embedded model (bf16), plain and DFLASH (adaptive) each in three layouts of the same cores:
-`one` (one server, its forward on all cores: the default, srt/cpu_threads.py), `dp` (one server, --dp-size N: SGLang's
+`one` (one server, its forward on all cores: the default, cpu/cpu_threads.py), `dp` (one server, --dp-size N: SGLang's
 data-parallel controller, one thread per rank) and `smg` (N single-thread servers behind SMG,
 sglang_dflash/replicas.py's router flags), at concurrency 8 / 16 / 32, temperature 0, the held-out
 prompts of real_bench. Output tokens per second over the wall clock of each row; rows appended to

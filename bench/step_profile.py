@@ -42,7 +42,10 @@ STAGES = [
     ("sgl_kernel stand-ins", ("sgl_kernel_cpu.py",)),
     ("draft (ours)", ("pipeline/draft.py", "model/drafter.py", "context_kv.py", "srt/draft_head.py")),
     ("sample/accept (ours)", ("target_sampling.py", "accept.py", "penalties.py", "grammar_mask.py")),
-    ("model (other ops)", ("models/llama.py", "models/qwen", "model_runner.py", "verify_backend.py", "llama_stack.py")),
+    (
+        "model (other ops)",
+        ("models/llama.py", "models/qwen", "model_runner.py", "verify_backend.py", "llama_stack.py", "cpu_target.py"),
+    ),
     ("worker bookkeeping (ours)", ("sglang_dflash/",)),
     ("idle (waiting for work)", ("recv_requests", "_poll", "zmq", "sleep", "select")),
     ("scheduler + IPC (SGLang)", ("scheduler", "sglang/srt/managers", "tokenizer", "detokenizer")),
@@ -105,7 +108,7 @@ def profile(srv, concurrency: int, seconds: float) -> dict:
             stack, _, n = line.rstrip().rpartition(" ")
             frames = stack.split(";")
             # The scheduler's main thread (not its watchdog or tqdm threads): spawned, its stack starts at
-            # <module>; forked from `python -m sglang.launch_server` (srt/fork_start.py), at runpy's two frames.
+            # <module>; forked from `python -m sglang.launch_server` (cpu/fork_start.py), at runpy's two frames.
             if any(f.startswith("<module>") for f in frames[:3]):
                 counts[stage_of(frames)] += int(n)
                 leaves[frames[-1].split(" (")[0][:80]] += int(n)

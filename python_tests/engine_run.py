@@ -5,7 +5,7 @@ import sys
 
 
 def main(target, drafter, out_path):
-    from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
+    from sglang_dflash.cpu.sgl_kernel_cpu import install_cpu_shims
 
     install_cpu_shims()  # the Engine imports sgl_kernel before SGLang loads plugins
     import sglang

@@ -9,7 +9,7 @@ def apply_plugin_hook(monkeypatch: pytest.MonkeyPatch, hook) -> str:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from sglang_dflash import plugin
-    from sglang_dflash.srt import fork_start
+    from sglang_dflash.cpu import fork_start
 
     seen = []
     monkeypatch.setattr(plugin, "_registered", False)

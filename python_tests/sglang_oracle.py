@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
+from sglang_dflash.cpu.sgl_kernel_cpu import install_cpu_shims
 
 install_cpu_shims()  # without a GPU, SGLang's module-level sgl_kernel imports need these stand-ins
 

@@ -1,6 +1,6 @@
-"""csrc/bf16_linear_cpu.cpp against its torch reference: every code path (decode rows streamed, verify
+"""csrc/cpu/bf16_linear_cpu.cpp against its torch reference: every code path (decode rows streamed, verify
 rows tiled, row and column tails, K not a multiple of 8, bias, leading dims), opcheck, bad input, and
-the serving hooks (srt/cpu_linear.py) routing only a DFLASH server's bf16 CPU GEMMs to it."""
+the serving hooks (cpu/cpu_linear.py) routing only a DFLASH server's bf16 CPU GEMMs to it."""
 
 import types
 
@@ -9,7 +9,7 @@ import torch
 
 from sglang_dflash import kernels
 from sglang_dflash.kernels.reference import bf16_linear_ref
-from sglang_dflash.srt import cpu_linear
+from sglang_dflash.cpu import cpu_linear
 
 OPS = kernels.ops()
 

@@ -1,9 +1,9 @@
 """Every CPU kernel path runs whatever the host: SGLANG_DFLASH_CPU_ISA caps the ISA level that every
-csrc kernel's dispatch reads (csrc/cpu_features.h), so an AVX512-BF16 host runs the scalar, AVX2 and
+csrc kernel's dispatch reads (csrc/cpu/cpu_features.h), so an AVX512-BF16 host runs the scalar, AVX2 and
 AVX-512 paths too. The level is read once per process: each level's kernel tests run in a subprocess
 with the variable set (the kernels' own tests against the torch references, the shapes that take the
 vector paths included), after checking that the extension reports the level and that the Python side
-(srt/cpu_linear.py) asks the extension, not /proc/cpuinfo.
+(cpu/cpu_linear.py) asks the extension, not /proc/cpuinfo.
 
 The extension's detection is checked against /proc/cpuinfo's flags (kernels/reference.cpu_isa_ref):
 two independent readings of the CPU.
@@ -37,7 +37,7 @@ KERNEL_TESTS = [
 PROBE = """
 import json
 from sglang_dflash import kernels
-from sglang_dflash.srt import cpu_linear
+from sglang_dflash.cpu import cpu_linear
 print(json.dumps({"isa": kernels.cpu_isa(), "dot_bf16": cpu_linear.dot_bf16(), "amx_bf16": cpu_linear.amx_bf16()}))
 """
 

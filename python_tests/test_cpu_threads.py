@@ -1,4 +1,4 @@
-"""srt/cpu_threads.py: how many OpenMP threads a CPU scheduler's forward gets (the served counts are
+"""cpu/cpu_threads.py: how many OpenMP threads a CPU scheduler's forward gets (the served counts are
 checked by test_forced.py: one server, every core; test_scale_out.py: replicas and --dp-size ranks, a share each)."""
 
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 
 from sglang_dflash.cpu_serving import cpu_env
-from sglang_dflash.srt.cpu_threads import cpu_quota, init_cpu_threads_env, rank_threads, thread_choice
+from sglang_dflash.cpu.cpu_threads import cpu_quota, init_cpu_threads_env, rank_threads, thread_choice
 
 
 def test_the_rank_gets_the_cores_it_is_bound_to_and_may_use():

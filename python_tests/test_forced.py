@@ -40,7 +40,7 @@ def test_forced_acceptance_full_blocks(pair, width):
         hist = o["meta_info"]["spec_correct_drafts_histogram"]
         assert hist[W - 1] == steps - 1 and hist[W - 2] == 1 and sum(hist) == steps
     assert state["width_steps"] == {str(W): state["draft_steps"]}, state
-    assert state["threads"] == len(os.sched_getaffinity(0)), state  # srt/cpu_threads.py: every core
+    assert state["threads"] == len(os.sched_getaffinity(0)), state  # cpu/cpu_threads.py: every core
 
 
 @pytest.mark.server

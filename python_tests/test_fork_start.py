@@ -1,4 +1,4 @@
-"""srt/fork_start.py: when SGLang's CPU subprocesses may be forked, and that SGLang's own `spawn`
+"""cpu/fork_start.py: when SGLang's CPU subprocesses may be forked, and that SGLang's own `spawn`
 is overridden after it is set. Each case runs in a fresh interpreter (the start method is global)."""
 
 import subprocess
@@ -8,7 +8,7 @@ import pytest
 
 CHECK = """
 import multiprocessing as mp
-from sglang_dflash.srt import fork_start
+from sglang_dflash.cpu import fork_start
 print(fork_start.fork_is_safe())
 fork_start.set_envs_and_config(lambda args: mp.set_start_method("spawn", force=True), None)
 print(mp.get_start_method())

@@ -140,10 +140,10 @@ def test_dflash2_width_cut_drafts_the_whole_blocks_first_rows(walk):
 def test_routed_matmuls_carry_every_projection():
     """DFlashDrafter.route_matmuls (serving: the CPU GEMM kernel): every projection of the block forward
     and the context write goes through the routed matmul, with the same hidden states; and the CPU
-    router (srt/cpu_linear.linear) runs bf16_linear where the target's GEMMs take it, F.linear elsewhere."""
+    router (cpu/cpu_linear.linear) runs bf16_linear where the target's GEMMs take it, F.linear elsewhere."""
     import torch.nn.functional as F
 
-    from sglang_dflash.srt import cpu_linear
+    from sglang_dflash.cpu import cpu_linear
 
     served = copy.deepcopy(_drafter()).fuse_projections()
     calls = []

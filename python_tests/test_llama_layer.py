@@ -1,8 +1,8 @@
-"""csrc/llama_layer_cpu.cpp: one Llama decoder layer in one call equals the same ops called one by
-one in the order srt/llama_stack.py called them (norm, QKV GEMM, rotary, KV write, chain attention,
+"""csrc/cpu/llama_layer_cpu.cpp: one Llama decoder layer in one call equals the same ops called one by
+one in the order cpu/llama_stack.py called them (norm, QKV GEMM, rotary, KV write, chain attention,
 output GEMM, norm, gate/up GEMM, torch's silu and mul, down GEMM) bit for bit, outputs and the KV
 pool alike, at layer 0 (no residual) and after it, one request and several, 1 to 16 rows each, with
-the GEMMs on bf16_linear or (past gemm_rows, as srt/cpu_linear.py routes them) torch's linear; the
+the GEMMs on bf16_linear or (past gemm_rows, as cpu/cpu_linear.py routes them) torch's linear; the
 torch reference (kernels/reference.py) within bf16 rounding; opcheck; bad input."""
 
 import pytest
@@ -49,7 +49,7 @@ CS = rope_cos_sin_cache(256, D, 10000.0)
 
 
 def op_by_op(h, residual, positions, w, kc, vc, out_loc, slots, prefix, eps, scale, gemm_rows):
-    """The sequence srt/llama_stack.py runs without the layer op, one torch op call at a time."""
+    """The sequence cpu/llama_stack.py runs without the layer op, one torch op call at a time."""
     linear = OPS.bf16_linear if h.shape[0] <= gemm_rows else torch.nn.functional.linear
     if residual is None:
         x, res_mid = OPS.rms_norm(h, None, w["ln1"], eps)[0], h

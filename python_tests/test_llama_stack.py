@@ -1,4 +1,4 @@
-"""The target's Llama layer stack in one loop (srt/llama_stack.py) is bit-identical to SGLang's forward.
+"""The target's Llama layer stack in one loop (cpu/llama_stack.py) is bit-identical to SGLang's forward.
 
 A DFLASH server with the stack off (SGLang's layer-boundary forward) and one with it on decode the
 same prompts one at a time, at widths drawn at random every step (verify shapes 1..B): tokens and
@@ -37,7 +37,7 @@ def decode(srv):
 @pytest.mark.server
 @pytest.mark.parametrize("packed", ["0", "1"])
 def test_stack_bit_identical_to_sglang_forward(pair, packed):
-    """packed: both servers with the target's weights packed for oneDNN (srt/packed_weights.py)."""
+    """packed: both servers with the target's weights packed for oneDNN (cpu/packed_weights.py)."""
     from sglang_dflash.testing.pairs import MIXED
 
     dtype = "bfloat16"
@@ -54,7 +54,7 @@ def test_stack_bit_identical_to_sglang_forward(pair, packed):
     assert all((s["packed_weights"] > 0) == (packed == "1") for s in states.values()), states
     # Every decode / verify forward (B=8 rows at most) in the loop; prefills keep SGLang's.
     assert states["stack"]["fused"] > 0 and states["stack"]["sglang"] > 0, states
-    # every verify width (1..8 here) runs each layer as one call (csrc/llama_layer_cpu.cpp)
+    # every verify width (1..8 here) runs each layer as one call (csrc/cpu/llama_layer_cpu.cpp)
     assert 0 < states["stack"]["layer_op"] == states["stack"]["fused"], states
     for i, (a, b) in enumerate(zip(runs["sglang"], runs["stack"])):
         assert a == b, f"prompt {i}: the stack's tokens/logprobs differ from SGLang's forward"

@@ -1,4 +1,4 @@
-"""csrc/packed_linear_cpu.cpp and srt/packed_weights.py: a weight packed once for oneDNN gives
+"""csrc/cpu/packed_linear_cpu.cpp and cpu/packed_weights.py: a weight packed once for oneDNN gives
 F.linear's result bit for bit (rows, bias, batch dims), an unpacked or resized weight falls back to
 F.linear, the layer op's wide GEMMs take the packed copies with the same result, a weight updated in
 place is packed again by the update hook (a stale copy would be wrong: the test shows it), the
@@ -9,7 +9,7 @@ import torch
 from test_llama_layer import CS, D, H, HKV, batch, layer
 
 from sglang_dflash import kernels
-from sglang_dflash.srt import cpu_linear, packed_weights
+from sglang_dflash.cpu import cpu_linear, packed_weights
 
 OPS = kernels.ops()
 # Where torch's oneDNN has bf16 (AVX512-BF16 or AMX hosts) a weight packs; elsewhere pack_linear says

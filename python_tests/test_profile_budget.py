@@ -1,7 +1,7 @@
 """The start-up profile's time budget (srt/step_profile.profile_costs): batch sizes it cannot reach
 in time are left out and extrapolated by the cost table; repeat passes stop when the budget does."""
 
-from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
+from sglang_dflash.cpu.sgl_kernel_cpu import install_cpu_shims
 
 install_cpu_shims()  # without a GPU, SGLang's module-level sgl_kernel imports need these stand-ins
 from sglang_dflash.srt.step_profile import profile_costs  # noqa: E402

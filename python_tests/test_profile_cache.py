@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
+from sglang_dflash.cpu.sgl_kernel_cpu import install_cpu_shims
 
 install_cpu_shims()  # without a GPU, SGLang's module-level sgl_kernel imports need these stand-ins
 import torch  # noqa: E402

@@ -1,4 +1,4 @@
-"""csrc/rms_norm_cpu.cpp: rms_norm equals SGLang's RMSNorm.forward_native bit for bit on bf16 rows
+"""csrc/cpu/rms_norm_cpu.cpp: rms_norm equals SGLang's RMSNorm.forward_native bit for bit on bf16 rows
 (with and without the residual add, bf16 and fp32 weights, 1 to 64 rows, 3-d input, empty), the
 torch reference likewise, opcheck, bad input, and the serving hook routing only a DFLASH server's
 bf16 decode-shaped norms to it, from the module SGLang runs."""
@@ -9,13 +9,13 @@ import torch
 from plugin_hooks import apply_plugin_hook
 from sglang_dflash import kernels
 from sglang_dflash.kernels.reference import rms_norm_ref
-from sglang_dflash.srt import cpu_linear
+from sglang_dflash.cpu import cpu_linear
 
 OPS = kernels.ops()
 
 
 def sglang_norm(hidden=576, eps=1e-5, weight_dtype=torch.bfloat16, seed=0):
-    from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
+    from sglang_dflash.cpu.sgl_kernel_cpu import install_cpu_shims
 
     install_cpu_shims()
     from sglang.srt.layers.layernorm import RMSNorm

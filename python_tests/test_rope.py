@@ -1,4 +1,4 @@
-"""csrc/rope_cpu.cpp: rope_qk equals SGLang's RotaryEmbedding.forward_native bit for bit on bf16 q/k
+"""csrc/cpu/rope_cpu.cpp: rope_qk equals SGLang's RotaryEmbedding.forward_native bit for bit on bf16 q/k
 (neox and GPT-J styles, a partial rotary dim, fp32 and bf16 caches, GQA head counts, empty), opcheck,
 bad input, and the serving hook routing only a DFLASH server's bf16 rotary embeddings to it."""
 
@@ -8,7 +8,7 @@ import torch
 from plugin_hooks import apply_plugin_hook
 from sglang_dflash import kernels
 from sglang_dflash.kernels.reference import rope_qk_ref
-from sglang_dflash.srt import cpu_linear
+from sglang_dflash.cpu import cpu_linear
 
 OPS = kernels.ops()
 
@@ -29,7 +29,7 @@ def case(T=5, hq=9, hk=3, head=64, rd=64, cache_dtype=torch.bfloat16, seed=0):
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("T", [1, 16, 64])
 def test_equals_sglang_rotary_embedding(neox, rd, cache_dtype, T):
-    from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
+    from sglang_dflash.cpu.sgl_kernel_cpu import install_cpu_shims
 
     install_cpu_shims()
     from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
@@ -124,7 +124,7 @@ def test_hook_routes_only_when_enabled(monkeypatch):
 def test_plugin_hook_reaches_the_rotary_embedding_sglang_runs(monkeypatch):
     """The plugin's hook sits on the method SGLang's RotaryEmbedding dispatches to on this CPU (without
     AMX: forward_native): rope_qk runs inside a real module call, with SGLang's own result."""
-    from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
+    from sglang_dflash.cpu.sgl_kernel_cpu import install_cpu_shims
 
     install_cpu_shims()
     apply_plugin_hook(monkeypatch, cpu_linear.rope_forward)

@@ -148,7 +148,7 @@ def test_cpu_server_samples_with_the_pytorch_backend():
     from sglang_dflash.testing.tiny_models import tiny_model_cache
 
     code = (
-        "from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims; install_cpu_shims()\n"
+        "from sglang_dflash.cpu.sgl_kernel_cpu import install_cpu_shims; install_cpu_shims()\n"
         "from sglang.srt.server_args import ServerArgs\n"
         "from sglang_dflash.cpu_serving import engine_kwargs\n"
         f"a = ServerArgs(model_path={str(tiny_model_cache('llama', 'float32'))!r}, **engine_kwargs())\n"

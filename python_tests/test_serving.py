@@ -268,7 +268,7 @@ def test_logprobs_match_plain(mixed):
 @pytest.mark.server
 def test_unsupported_sampling_features_are_refused_clearly(mixed):
     srv = mixed[0]
-    from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
+    from sglang_dflash.cpu.sgl_kernel_cpu import install_cpu_shims
 
     install_cpu_shims()  # without a GPU, SGLang's module-level sgl_kernel imports need these stand-ins
     from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
@@ -286,7 +286,7 @@ def test_unsupported_sampling_features_are_refused_clearly(mixed):
 
 @pytest.mark.server
 def test_cpu_subprocesses_are_forked_not_spawned(mixed):
-    """srt/fork_start.py: on CPU the scheduler and detokenizer are forked from the launching process
+    """cpu/fork_start.py: on CPU the scheduler and detokenizer are forked from the launching process
     (a spawned child runs `multiprocessing.spawn`'s entry point and re-imports SGLang)."""
     import psutil
 

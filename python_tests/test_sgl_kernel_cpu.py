@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from sglang_dflash.srt import sgl_kernel_cpu as S
+from sglang_dflash.cpu import sgl_kernel_cpu as S
 
 
 def _rand_lens(g, bs, lo, hi):

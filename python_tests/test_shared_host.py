@@ -1,6 +1,6 @@
 """A DFLASH server launched as a user would (`python -m sglang.launch_server`, none of our launcher's
 environment or flags) shares its host: idle, its processes sleep; its forward runs on the threads the
-user's OMP_NUM_THREADS asks for, and the log says so (srt/hooks.py cpu_defaults, srt/cpu_threads.py).
+user's OMP_NUM_THREADS asks for, and the log says so (srt/hooks.py cpu_defaults, cpu/cpu_threads.py).
 bench/shared_host.py measures what this buys beside a second server."""
 
 import contextlib

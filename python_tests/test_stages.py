@@ -24,7 +24,7 @@ from sglang_dflash.pipeline.context_kv import write_context
 from sglang_dflash.testing.dense_drafter import dense_reference
 from sglang_dflash.pipeline.target_sampling import SamplingRows, target_tokens
 from sglang_dflash.testing.tiny_config import tiny_cfg_dict
-from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
+from sglang_dflash.cpu.sgl_kernel_cpu import install_cpu_shims
 
 install_cpu_shims()  # before the srt import below pulls in sgl_kernel (SGLang's CPU engine: make's environment)
 from sglang_dflash.srt.verify_backend import torch_native_verify  # noqa: E402

@@ -122,7 +122,7 @@ def test_train_all_gives_datagen_one_thread(monkeypatch, tmp_path):
         monkeypatch.setattr(mod, fn, lambda *a, **k: {})
     main(["all", "--workdir", str(tmp_path), "--no-text", "--model", "M", "--threads", str(torch.get_num_threads())])
     assert "datagen" in seen["argv"] and seen["env"]["OMP_NUM_THREADS"] == "1"
-    assert seen["env"]["SGLANG_DFLASH_CPU_THREADS"] == "1"  # its scheduler too (srt/cpu_threads.py)
+    assert seen["env"]["SGLANG_DFLASH_CPU_THREADS"] == "1"  # its scheduler too (cpu/cpu_threads.py)
 
 
 def test_unseen_set_skips_every_parents_documents(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sglang_dflash.pipeline import attention
-from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
+from sglang_dflash.cpu.sgl_kernel_cpu import install_cpu_shims
 
 install_cpu_shims()  # before the srt import below pulls in sgl_kernel (SGLang's CPU engine: make's environment)
 from sglang_dflash.srt import verify_backend  # noqa: E402

@@ -6,7 +6,7 @@ prints the environment, nothing when a CUDA device is visible). Plain Python: ru
 
 OMP_NUM_THREADS=1 for every process (two spinning OpenMP threads on 2 cores beside another busy
 process make a small linear 100x slower); each scheduler then runs its forward on its rank's cores
-(srt/cpu_threads.py, SGLANG_DFLASH_CPU_THREADS), or on the threads the user asked for: a user's own
+(cpu/cpu_threads.py, SGLANG_DFLASH_CPU_THREADS), or on the threads the user asked for: a user's own
 OMP_NUM_THREADS is carried over as SGLANG_DFLASH_CPU_THREADS, which the forward reads first.
 max_total_tokens: SGLang's default KV pool takes 70% of RAM.
 sleep_on_idle: an idle scheduler otherwise polls its sockets nonstop, a whole core of a 2-core host

@@ -104,7 +104,7 @@ CPU_THREADS = EnvVar(
     THREADS_VAR,
     int,
     0,
-    "CPU: OpenMP threads of each scheduler's forward (srt/cpu_threads.py): 0 = the cores its rank is bound "
+    "CPU: OpenMP threads of each scheduler's forward (cpu/cpu_threads.py): 0 = the cores its rank is bound "
     "to (SGLang's SGLANG_CPU_OMP_THREADS_BIND or NUMA node, within the process's affinity), N = N; the "
     "launching, tokenizer and detokenizer processes keep OMP_NUM_THREADS=1",
     level=USER,
@@ -190,8 +190,8 @@ CPU_OPS = EnvVar(
     None,
     "CPU: overrides of the bf16 target's fused ops, each `auto` unless named, as `op=value,...`: "
     "`linear` (our GEMM kernel, csrc/bf16_linear_cpu.cpp: `1` every GEMM, `0` torch's), `packed` (weights "
-    "packed once for oneDNN, srt/packed_weights.py; auto: AMX hosts), `rope`, `norm` (our fused ops; auto: "
-    "with the GEMM kernel), `stack` (srt/llama_stack.py: `loop` without one-call layers, `0` SGLang's "
+    "packed once for oneDNN, cpu/packed_weights.py; auto: AMX hosts), `rope`, `norm` (our fused ops; auto: "
+    "with the GEMM kernel), `stack` (cpu/llama_stack.py: `loop` without one-call layers, `0` SGLang's "
     "forward), `attention` (chain attention; `0`: gather + torch SDPA); e.g. `linear=0,stack=loop`",
 )
 # op -> its values (the first is the default); each op replaces one switch of RETIRED

@@ -112,7 +112,7 @@ def main(argv=None):
     # release at exit would relaunch a tracker that does not know it and print a traceback.
     tqdm.set_lock(threading.RLock())
 
-    from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
+    from sglang_dflash.cpu.sgl_kernel_cpu import install_cpu_shims
 
     install_cpu_shims()  # before sglang.Engine is touched (no-op where sgl_kernel loads)
     import sglang

@@ -9,10 +9,11 @@ Registers, lazily and idempotently:
 - a request check that refuses sampling features our verify does not reproduce exactly yet;
 - CPU tensor parallelism (gloo groups without NCCL); a 400 for empty or out-of-vocabulary prompts;
 - where a grammar ends inside a verified run, the same tokens and finish as plain decoding;
-- on CPU, subprocesses forked rather than spawned (srt/fork_start.py: a faster start), and each
-  scheduler's forward on its rank's cores (srt/cpu_threads.py);
+- on CPU, subprocesses forked rather than spawned (cpu/fork_start.py: a faster start), and each
+  scheduler's forward on its rank's cores (cpu/cpu_threads.py);
 - a DFLASH server's bf16 GEMMs, rotary embedding and RMSNorm on CPU through our kernels
-  (srt/cpu_linear.py), its Llama layer stack for decode and verify steps in one loop (srt/llama_stack.py).
+  (cpu/cpu_linear.py), its Llama layer stack for decode and verify steps in one loop (cpu/llama_stack.py,
+  chosen on SGLang's classes by srt/cpu_target.py).
 """
 
 _registered = False
@@ -25,7 +26,7 @@ def register():
     _registered = True
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
+    from sglang_dflash.cpu.sgl_kernel_cpu import install_cpu_shims
     from sglang_dflash.srt import hooks, sglang_patches
 
     install_cpu_shims()
@@ -60,7 +61,8 @@ def register():
     HookRegistry.register(
         "sglang.srt.managers.schedule_batch.Req.update_finish_state", hooks.update_finish_state, HookType.AROUND
     )
-    from sglang_dflash.srt import cpu_linear, cpu_threads, fork_start, llama_stack, packed_weights
+    from sglang_dflash.cpu import cpu_linear, cpu_threads, fork_start, packed_weights
+    from sglang_dflash.srt import cpu_target
 
     HookRegistry.register(
         "sglang.srt.distributed.bootstrap._init_cpu_threads_env", cpu_threads.init_cpu_threads_env, HookType.AROUND
@@ -71,7 +73,7 @@ def register():
     )
     HookRegistry.register(
         "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head",
-        cpu_linear.compute_lm_head,
+        cpu_target.compute_lm_head,
         HookType.AROUND,
     )
     HookRegistry.register(
@@ -83,7 +85,7 @@ def register():
     HookRegistry.register(
         "sglang.srt.layers.layernorm.RMSNorm.forward_native", cpu_linear.rms_norm_forward, HookType.AROUND
     )
-    HookRegistry.register("sglang.srt.models.llama.LlamaModel.forward", llama_stack.forward, HookType.AROUND)
+    HookRegistry.register("sglang.srt.models.llama.LlamaModel.forward", cpu_target.llama_forward, HookType.AROUND)
     updater = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager."
     for source in ("disk", "distributed", "tensor", "ipc"):  # packed copies follow every weight update
         HookRegistry.register(updater + "update_weights_from_" + source, packed_weights.repack, HookType.AROUND)

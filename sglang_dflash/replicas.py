@@ -5,7 +5,7 @@ circuit breakers) answering on one port, the same way a cluster runs them (deplo
 Each worker is `python -m sglang_dflash.launch` on its own port (P + 1 + i), with its own metrics
 label (`--extra-metric-labels {"worker": "replica-i"}`: SGLang's label, carried by every
 `sglang:dflash_*` series) and, on a CPU-only machine, an even share of the cores
-(SGLANG_CPU_OMP_THREADS_BIND; its forward runs one thread a core, srt/cpu_threads.py). SMG talks
+(SGLANG_CPU_OMP_THREADS_BIND; its forward runs one thread a core, cpu/cpu_threads.py). SMG talks
 to them over HTTP (SGLang's HTTP server; SMG's gRPC mode needs SGLang's gRPC server, which the CPU
 build does not start). The gateway's own Prometheus metrics are on
 --router-metrics-port (default P + 100). Ctrl-C (SIGINT / SIGTERM) stops everything.

@@ -2,8 +2,8 @@
 
 `torch.ops.sglang_dflash.write_draft_kv` and `torch.ops.sglang_dflash.linear_verify_accept` exist
 after `load()`; the worker calls them on every device. `bf16_linear`, `rope_qk`, `rms_norm` and `chain_attention`
-are CPU ops (the target's bf16 layers, srt/cpu_linear.py, and its verify attention, srt/verify_backend.py);
-`pack_linear`, `unpack_linears` and `packed_linear` keep its weights packed for oneDNN (srt/packed_weights.py).
+are CPU ops (the target's bf16 layers, cpu/cpu_linear.py, and its verify attention, srt/verify_backend.py);
+`pack_linear`, `unpack_linears` and `packed_linear` keep its weights packed for oneDNN (cpu/packed_weights.py).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ SCHEMAS = {
     "cpu_isa": "() -> (int, int)",
 }
 # Ops with a CPU kernel only: the target's bf16 GEMMs, rotary embedding and RMSNorm on a CPU
-# (srt/cpu_linear.py) and its verify attention (srt/verify_backend.py); on GPU SGLang's own kernels
+# (cpu/cpu_linear.py) and its verify attention (srt/verify_backend.py); on GPU SGLang's own kernels
 # (and FlashInfer for verify) run them.
 CPU_ONLY = frozenset(
     {"bf16_linear", "pack_linear", "unpack_linears", "packed_linear", "rope_qk", "chain_attention", "rms_norm",
@@ -141,7 +141,7 @@ def ops():
 
 def cpu_isa() -> tuple[str, str]:
     """(the ISA level every CPU kernel dispatches on, the CPU's own), one of reference.ISA_LEVELS each:
-    the extension's feature detection (csrc/cpu_features.h), capped by SGLANG_DFLASH_CPU_ISA."""
+    the extension's feature detection (csrc/cpu/cpu_features.h), capped by SGLANG_DFLASH_CPU_ISA."""
     env.CPU_ISA.get()  # an unknown value fails here, naming the choices
     level, detected = ops().cpu_isa()
     return reference.ISA_LEVELS[level], reference.ISA_LEVELS[detected]

@@ -7,7 +7,7 @@ from sglang.srt.distributed import tensor_model_parallel_all_gather
 from sglang.srt.runtime_context import get_parallel
 
 from sglang_dflash.model.draft_vocab import ids_from_d2t
-from sglang_dflash.srt.cpu_linear import linear
+from sglang_dflash.cpu.cpu_linear import linear
 
 
 class DraftHead:

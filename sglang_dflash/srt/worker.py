@@ -34,7 +34,8 @@ from sglang_dflash.pipeline.draft import Proposal
 from sglang_dflash.pipeline.grammar_mask import apply_masks, chain_masks
 from sglang_dflash.pipeline.penalties import apply_penalties
 from sglang_dflash.pipeline.target_sampling import target_tokens
-from sglang_dflash.srt import cpu_linear, llama_stack, metrics as dflash_metrics, packed_weights, verify_widths
+from sglang_dflash.cpu import cpu_linear, llama_stack, packed_weights
+from sglang_dflash.srt import metrics as dflash_metrics, verify_widths
 from sglang_dflash.srt.draft_head import DraftHead
 from sglang_dflash.srt.draft_stage import draft_failed, draft_step
 from sglang_dflash.srt.graph_choice import make_step_graphs
@@ -160,7 +161,7 @@ class DFlashWorker(BaseSpecWorker):
             **width,
             **graphs,
             **stack,
-            "threads": torch.get_num_threads(),  # the forward's OpenMP threads (srt/cpu_threads.py)
+            "threads": torch.get_num_threads(),  # the forward's OpenMP threads (cpu/cpu_threads.py)
         }
 
     def _prefill(self, batch, on_publish):

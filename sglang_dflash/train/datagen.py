@@ -54,7 +54,7 @@ def make_engine(model: str, dtype: str, max_total_tokens: int, draft: str | None
     """SGLang's offline Engine for the target; with draft (a drafter folder) DFLASH speculation."""
     import torch
 
-    from sglang_dflash.srt.sgl_kernel_cpu import install_cpu_shims
+    from sglang_dflash.cpu.sgl_kernel_cpu import install_cpu_shims
 
     install_cpu_shims()  # before sglang.Engine imports sgl_kernel
     import sglang

@@ -80,7 +80,7 @@ def start_datagen_shards(a, b: Budget) -> subprocess.Popen | None:
     argv += ["--datagen-draft", a.datagen_draft] if a.datagen_draft else []
     from sglang_dflash.env import CPU_THREADS
 
-    # one OpenMP thread whatever the caller exported, the shard's scheduler too (srt/cpu_threads.py):
+    # one OpenMP thread whatever the caller exported, the shard's scheduler too (cpu/cpu_threads.py):
     # spinning threads beside the features' thread would take its core
     env = {**os.environ, "OMP_NUM_THREADS": "1", CPU_THREADS.name: "1"}
     procs = [

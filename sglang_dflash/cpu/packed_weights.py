@@ -1,5 +1,5 @@
-"""The target's linear weights packed once for oneDNN (csrc/packed_linear_cpu.cpp), for the bf16 GEMMs
-wider than bf16_linear takes (srt/cpu_linear.py's row bound: verify steps of many rows, prefill chunks).
+"""The target's linear weights packed once for oneDNN (csrc/cpu/packed_linear_cpu.cpp), for the bf16 GEMMs
+wider than bf16_linear takes (cpu_linear.py's row bound: verify steps of many rows, prefill chunks).
 
 torch's linear hands oneDNN the plain weight, which oneDNN reorders into its blocked layout on every
 call; packed once (torch's own mkldnn::_reorder_linear_weight), the same oneDNN kernel computes the

@@ -2,10 +2,10 @@
 
 torch's bf16 matmul on an AVX2-only host runs at ~10 GFLOP/s a core at every shape (bench/
 step_profile.py: 60-85% of a served step), while fp32 FMAs on bf16 weights widened in registers run
-several times faster and read half the bytes of fp32 weights (csrc/bf16_linear_cpu.cpp); where
+several times faster and read half the bytes of fp32 weights (csrc/cpu/bf16_linear_cpu.cpp); where
 oneDNN's bf16 is native, its tiles win from 4 rows up but our stream still wins the decode shapes.
 The DFLASH worker turns this on at start-up (`enable`) for a bf16 CPU target; SGLang's linear layers
-and LM head then call the op, its rotary embeddings the fused one (one pass instead of ~25 torch
+and LM head (srt/cpu_target.py) then call the op, its rotary embeddings the fused one (one pass instead of ~25 torch
 ops a layer, bit-identical: ~8% of a width-1 step, bench/step_profile.py). A plain server (no
 DFLASH worker) is left as SGLang made it.
 SGLANG_DFLASH_CPU_OPS linear=: auto (every GEMM where oneDNN has no native bf16; where it has, GEMMs of up
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from sglang_dflash import env
-from sglang_dflash.srt import packed_weights
+from sglang_dflash.cpu import packed_weights
 
 _state = {"on": False, "rope": False, "norm": False, "max_rows": None}
 # On an AVX512-BF16 host (oneDNN native bf16), one thread, the embedded target's GEMMs a step
@@ -36,7 +36,7 @@ DOT_BF16_MAX_ROWS = 64
 # AMX (one thread, same bench, 2026-12-06) ours vs torch 17.7 vs 34.9 ms at 1 row, 24.4 vs 39.4 at 4,
 # 34.8 vs 40.5 at 8, 45.9 vs 40.8 at 12, 56.5 vs 40.8 at 16: ours up to 8 rows there.
 AMX_MAX_ROWS = 8
-# ... and with the target's weights packed once for oneDNN (srt/packed_weights.py; same bench, same host,
+# ... and with the target's weights packed once for oneDNN (packed_weights.py; same bench, same host,
 # 2026-12-06) ours vs packed 13.5 vs 18.6 ms at 1 row, 19.7 vs 20.6 at 4, 31.8 vs 19.0 at 8, 62.1 vs 17.7
 # at 16: ours up to 4 rows.
 AMX_PACKED_MAX_ROWS = 4
@@ -69,7 +69,7 @@ def _isa_at_least(level: str) -> bool:
 
 
 def dot_bf16() -> bool:
-    """bf16_linear takes its AVX512-BF16 path: the extension's own dispatch level (csrc/cpu_features.h,
+    """bf16_linear takes its AVX512-BF16 path: the extension's own dispatch level (csrc/cpu/cpu_features.h,
     SGLANG_DFLASH_CPU_ISA) says so."""
     return _isa_at_least("avx512bf16")
 
@@ -155,26 +155,6 @@ def linear_apply(original, self, layer, x, bias=None):
     if packed_weights.on() and plain_layer(layer, x, bias):  # past bf16_linear's rows: F.linear's branch
         return packed_weights.linear(x, layer.weight, bias)
     return original(self, layer, x, bias)
-
-
-def compute_lm_head(original, self, hidden_states, lm_head, embedding_bias=None, *, out=None):
-    """AROUND LogitsProcessor._compute_lm_head: its plain branch (an unquantized, LoRA-free head,
-    no fp32 head) is `hidden @ W^T` in the weight's dtype, without the embedding bias."""
-    from sglang.srt.layers.logits_processor import should_apply_lm_head_quant_method
-
-    w = getattr(lm_head, "weight", None)
-    plain_head = (
-        not should_apply_lm_head_quant_method(lm_head, getattr(lm_head, "quant_method", None))
-        and not hasattr(lm_head, "set_lora")
-        and not getattr(self, "use_fp32_lm_head", False)
-        and getattr(self, "rl_on_policy_target", None) is None
-        and not getattr(lm_head, "use_intel_amx_backend", False)
-    )
-    if plain_head and gemm_fast(hidden_states, w, None):
-        return torch.ops.sglang_dflash.bf16_linear(hidden_states, w, None)
-    if plain_head and packed_weights.on() and gemm_fast(hidden_states[:0], w, None):
-        return packed_weights.linear(hidden_states, w, None)
-    return original(self, hidden_states, lm_head, embedding_bias, out=out)
 
 
 def rope_fast(self, positions, query, key, offsets=None, fused_set_kv_buffer_arg=None) -> bool:
