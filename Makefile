@@ -3,7 +3,8 @@ PY      ?= python3.11
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 PIP     := $(VPY) -m pip
-STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml setup.py csrc/* 2>/dev/null | sha1sum | cut -c1-12)
+CSRC    := $(wildcard csrc/*.* csrc/cpu/*.*)
+STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(CSRC) 2>/dev/null | sha1sum | cut -c1-12)
 PORT    ?= 30000
 REPLICAS ?= 1
 SERVE_DIR ?= $(HOME)/.cache/sglang_dflash/serve
@@ -15,7 +16,7 @@ $(foreach kv,$(shell $(PY) sglang_dflash/cpu_serving.py),$(eval export $(subst =
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(wildcard csrc/*)
+$(STAMP): pyproject.toml setup.py $(CSRC)
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "sglang==0.5.23" "smg==1.13.0" pytest pytest-timeout requests kubernetes-validate accelerate matplotlib ruff

@@ -51,48 +51,32 @@ if os.environ.get("SGLANG_DFLASH_BUILD_EXT", "1") != "0":
     from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
     flags = compile_args()
+    # csrc/ holds the speculative-decoding ops (both devices), the one schema registration and the
+    # checks they share; csrc/cpu/ the CPU target backend's kernels. Includes are written from csrc/.
+    cpu_kernels = ("bf16_linear", "rope", "chain_attention", "rms_norm", "llama_layer", "packed_linear")
+    sources = ["csrc/dflash_ops.cpp"] + [f"csrc/cpu/{name}_cpu.cpp" for name in cpu_kernels]
     # included headers; listed so sdists ship them
-    depends = [
-        "csrc/dflash_checks.h",
-        "csrc/chain_attention_body.h",
-        "csrc/chain_attention_dp.h",
-        "csrc/cpu_features.h",
-        "csrc/cpu_ops.h",
-        "csrc/bf16_vec.h",
-    ]
+    headers = ("chain_attention_body", "chain_attention_dp", "cpu_features", "cpu_ops", "bf16_vec")
+    depends = ["csrc/dflash_checks.h"] + [f"csrc/cpu/{name}.h" for name in headers]
+    include_dirs = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")]
     want_cuda = os.environ.get("FORCE_CUDA") == "1" or bool(os.environ.get("CUDA_HOME"))
     if want_cuda:
         os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list()
         print("sglang_dflash: building CUDA for TORCH_CUDA_ARCH_LIST=" + os.environ["TORCH_CUDA_ARCH_LIST"])
         ext = CUDAExtension(
             "sglang_dflash._C",
-            [
-                "csrc/dflash_ops.cpp",
-                "csrc/bf16_linear_cpu.cpp",
-                "csrc/rope_cpu.cpp",
-                "csrc/chain_attention_cpu.cpp",
-                "csrc/rms_norm_cpu.cpp",
-                "csrc/llama_layer_cpu.cpp",
-                "csrc/packed_linear_cpu.cpp",
-                "csrc/dflash_ops_cuda.cu",
-            ],
+            sources + ["csrc/dflash_ops_cuda.cu"],
             depends=depends,
+            include_dirs=include_dirs,
             extra_compile_args=flags,
             extra_link_args=["-fopenmp"],
         )
     else:
         ext = CppExtension(
             "sglang_dflash._C",
-            [
-                "csrc/dflash_ops.cpp",
-                "csrc/bf16_linear_cpu.cpp",
-                "csrc/rope_cpu.cpp",
-                "csrc/chain_attention_cpu.cpp",
-                "csrc/rms_norm_cpu.cpp",
-                "csrc/llama_layer_cpu.cpp",
-                "csrc/packed_linear_cpu.cpp",
-            ],
+            sources,
             depends=depends,
+            include_dirs=include_dirs,
             extra_compile_args={"cxx": flags["cxx"]},
             extra_link_args=["-fopenmp"],
         )

@@ -1,6 +1,6 @@
 """CPU GEMMs of the embedded SmolLM2-135M target, side by side in one run: torch bf16 (what SGLang
-runs), our bf16_linear (csrc/bf16_linear_cpu.cpp, bf16 weights widened to fp32 in registers), oneDNN
-on weights packed once (csrc/packed_linear_cpu.cpp: what the DFLASH worker runs past bf16_linear's
+runs), our bf16_linear (csrc/cpu/bf16_linear_cpu.cpp, bf16 weights widened to fp32 in registers), oneDNN
+on weights packed once (csrc/cpu/packed_linear_cpu.cpp: what the DFLASH worker runs past bf16_linear's
 rows where it packs) and torch fp32 (fp32 weights), at the row counts of a decode step (1) and of
 verify steps (2..64 rows).
 The shapes are SGLang's fused layers (qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576)

@@ -76,7 +76,7 @@ MUTATIONS = {
         "acceptance compares a draft with the target token one position late",
     ),
     "rms_norm_scalar_reassoc": M(
-        "csrc/rms_norm_cpu.cpp",
+        "csrc/cpu/rms_norm_cpu.cpp",
         "bf16((sp[t * H + h] * r) * static_cast<float>(wp[h]))",
         "bf16(sp[t * H + h] * (r * static_cast<float>(wp[h])))",
         ("python_tests/test_rms_norm.py", "python_tests/test_cpu_isa.py"),

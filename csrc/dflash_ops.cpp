@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu_features.h"
+#include "cpu/cpu_features.h"
 #include "dflash_checks.h"
 
 namespace sglang_dflash {
@@ -125,7 +125,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_ve
   return {accept, bonus, commit, seq, out};
 }
 
-// (the ISA level every CPU kernel dispatches on, the CPU's own): csrc/cpu_features.h, for Python to ask
+// (the ISA level every CPU kernel dispatches on, the CPU's own): csrc/cpu/cpu_features.h, for Python to ask
 std::tuple<int64_t, int64_t> cpu_isa() { return {dflash_cpu::isa_level(), dflash_cpu::detected_isa()}; }
 
 TORCH_LIBRARY(sglang_dflash, m) {

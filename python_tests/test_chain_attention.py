@@ -1,4 +1,4 @@
-"""csrc/chain_attention_cpu.cpp: the paged block attention op (causal: the target's verify chain;
+"""csrc/cpu/chain_attention_cpu.cpp: the paged block attention op (causal: the target's verify chain;
 not causal: the drafter's block) against its torch reference (float32 and bf16, GQA and MHA, one and
 many rows a request, ragged prefixes, a prefix of 0), against the gather + SDPA path it replaces,
 opcheck, bad input, and the causal rule (a later block row's K/V never reaches an earlier row)."""

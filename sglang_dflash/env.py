@@ -113,7 +113,7 @@ CPU_ISA = EnvVar(
     "SGLANG_DFLASH_CPU_ISA",
     str,
     "auto",
-    "CPU kernels' instruction set at most (csrc/cpu_features.h, capped by what the CPU has; read once per "
+    "CPU kernels' instruction set at most (csrc/cpu/cpu_features.h, capped by what the CPU has; read once per "
     "process): `auto` (the CPU's best), `scalar`, `avx2`, `avx512`, `avx512bf16`, `amx` (oneDNN's AMX GEMMs)",
     choices=("auto", "scalar", "avx2", "avx512", "avx512bf16", "amx"),
     level=USER,
@@ -189,7 +189,7 @@ CPU_OPS = EnvVar(
     str,
     None,
     "CPU: overrides of the bf16 target's fused ops, each `auto` unless named, as `op=value,...`: "
-    "`linear` (our GEMM kernel, csrc/bf16_linear_cpu.cpp: `1` every GEMM, `0` torch's), `packed` (weights "
+    "`linear` (our GEMM kernel, csrc/cpu/bf16_linear_cpu.cpp: `1` every GEMM, `0` torch's), `packed` (weights "
     "packed once for oneDNN, cpu/packed_weights.py; auto: AMX hosts), `rope`, `norm` (our fused ops; auto: "
     "with the GEMM kernel), `stack` (cpu/llama_stack.py: `loop` without one-call layers, `0` SGLang's "
     "forward), `attention` (chain attention; `0`: gather + torch SDPA); e.g. `linear=0,stack=loop`",

@@ -11,7 +11,7 @@ rope_qk: SGLang's RotaryEmbedding.forward_native, bit for bit in bf16 (CPU only)
 chain_attention: B rows per request over its paged KV, causal (the target's verify) or not (the
     drafter's block) (CPU only).
 cpu_isa: (the ISA level the CPU kernels dispatch on, the CPU's own), from /proc/cpuinfo's flags and
-    SGLANG_DFLASH_CPU_ISA (the extension asks the CPU itself: csrc/cpu_features.h).
+    SGLANG_DFLASH_CPU_ISA (the extension asks the CPU itself: csrc/cpu/cpu_features.h).
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def llama_layer_ref(h, residual, positions, ln1, qkv_w, qkv_b, o_w, ln2, gate_up
     return bf16_linear_ref(torch.nn.functional.silu(gu[..., :d]) * gu[..., d:], down_w, None), res_mid, res_out
 
 
-ISA_LEVELS = ("scalar", "avx2", "avx512", "avx512bf16", "amx")  # csrc/cpu_features.h's levels, in order
+ISA_LEVELS = ("scalar", "avx2", "avx512", "avx512bf16", "amx")  # csrc/cpu/cpu_features.h's levels, in order
 # /proc/cpuinfo flags each level adds to the one below it
 ISA_FLAGS = ((), ("avx2", "fma"), ("avx512f",), ("avx512bw", "avx512_bf16"), ("amx_tile", "amx_bf16"))
 

@@ -10,8 +10,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "bf16_vec.h"
-#include "cpu_features.h"
+#include "cpu/bf16_vec.h"
+#include "cpu/cpu_features.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -34,12 +34,12 @@ namespace {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace avx2 {
-#include "chain_attention_body.h"
+#include "cpu/chain_attention_body.h"
 }  // namespace avx2
 #pragma GCC pop_options
 
 namespace base {
-#include "chain_attention_body.h"
+#include "cpu/chain_attention_body.h"
 }  // namespace base
 
 #if defined(__x86_64__)
@@ -50,8 +50,8 @@ namespace base {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512bf16,avx2,fma")
 namespace avx512 {
-#include "chain_attention_body.h"
-#include "chain_attention_dp.h"
+#include "cpu/chain_attention_body.h"
+#include "cpu/chain_attention_dp.h"
 }  // namespace avx512
 #pragma GCC pop_options
 #pragma GCC diagnostic pop

@@ -14,7 +14,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "cpu_ops.h"
+#include "cpu/cpu_ops.h"
 
 namespace sglang_dflash {
 

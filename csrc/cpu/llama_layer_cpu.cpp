@@ -1,5 +1,5 @@
 // One Llama decoder layer of a decode / verify step on CPU, bf16, in one call: the ops the layer
-// stack (srt/llama_stack.py) called one by one from Python (about ten a layer, 10-30 us of dispatch
+// stack (cpu/llama_stack.py) called one by one from Python (about ten a layer, 10-30 us of dispatch
 // each against kernels of a few us), now called from here in the same order on the same tensors:
 // RMSNorm (+ residual), the QKV GEMM, rotary embedding, the KV write into SGLang's pool, the verify
 // chain attention, the output GEMM, RMSNorm (+ residual), the gate/up GEMM, SiLU-and-mul (torch's
@@ -12,7 +12,7 @@
 #include <optional>
 #include <tuple>
 
-#include "cpu_ops.h"
+#include "cpu/cpu_ops.h"
 
 namespace {
 
@@ -44,8 +44,8 @@ void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& out_lo
 // residual [T, hidden] or None; positions [T]; weights as SGLang holds them ([out, in]; ln [hidden]);
 // k_cache, v_cache [S, Hkv, D] this layer's KV pool (written at out_loc [T]); slots [bs, W'] slot ids
 // by position and prefix [bs] for the chain attention (T = bs * rows); GEMMs of up to gemm_rows rows
-// run bf16_linear, more oneDNN's (on the weight packed once where srt/packed_weights.py packed it, else
-// torch's linear), as srt/cpu_linear.py routes the layers' GEMMs ->
+// run bf16_linear, more oneDNN's (on the weight packed once where cpu/packed_weights.py packed it, else
+// torch's linear), as cpu/cpu_linear.py routes the layers' GEMMs ->
 // (h_out [T, hidden], the residual after the input norm's add (the layer input the model's aux
 //  capture takes), the residual after the post-attention norm's add (the next layer's residual)).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> llama_layer_cpu(

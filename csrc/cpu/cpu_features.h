@@ -1,7 +1,7 @@
 // CPU features the CPU ops ask at run time, one definition for all of them: the ISA level every
 // kernel's dispatch reads. Levels nest (each implies the ones below it):
 //   0 scalar, 1 avx2 (AVX2 + FMA), 2 avx512 (AVX-512F), 3 avx512bf16 (+ AVX512-BW, AVX512-BF16),
-//   4 amx (+ AMX tiles and AMX-BF16, enabled by the OS: oneDNN's bf16 GEMMs, srt/packed_weights.py).
+//   4 amx (+ AMX tiles and AMX-BF16, enabled by the OS: oneDNN's bf16 GEMMs, cpu/packed_weights.py).
 // SGLANG_DFLASH_CPU_ISA (sglang_dflash/env.py CPU_ISA) caps the level below what the CPU has, so CI runs
 // every lower path on any host; the level is read once per process (tests set it in a subprocess).
 // Off x86-64 only the baseline kernels are built: the level is 0.

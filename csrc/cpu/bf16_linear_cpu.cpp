@@ -16,7 +16,7 @@
 
 #include <vector>
 
-#include "cpu_features.h"
+#include "cpu/cpu_features.h"
 #include "dflash_checks.h"
 
 #if defined(__x86_64__)

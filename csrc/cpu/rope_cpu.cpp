@@ -8,8 +8,8 @@
 
 #include <tuple>
 
-#include "bf16_vec.h"
-#include "cpu_features.h"
+#include "cpu/bf16_vec.h"
+#include "cpu/cpu_features.h"
 
 namespace {
 

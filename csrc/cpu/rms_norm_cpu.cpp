@@ -7,8 +7,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "bf16_vec.h"
-#include "cpu_features.h"
+#include "cpu/bf16_vec.h"
+#include "cpu/cpu_features.h"
 
 #include <cmath>
 #include <tuple>
