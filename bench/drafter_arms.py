@@ -3,9 +3,9 @@
 For each candidate drafter (a training checkpoint `WORKDIR/ckpt/best.pt` or an exported folder):
 - its training (checkpoints: WORKDIR/train_summary.json): steps, seconds, labelled tokens,
   block tokens/s, answers only or not, and the learning curve (held-out walk tau vs tokens);
-- tau_W: the held-out walk (blocks.walk_counts: the serving-equivalent greedy walk, each block
-  drafted whole, its first W rows verified) over the first 128 tokens of every held-out answer;
-- sampled_walk: the same walk at each --temperatures T under the argmax / q1 / qall proposal rules
+- tau_W: the held-out walk (blocks.walk_counts: the serving-equivalent greedy walk, each step
+  drafting and verifying its first W rows) over the first 128 tokens of every held-out answer;
+- sampled_walk: the walk (each block drafted whole, its first W rows verified) at each --temperatures T under the argmax / q1 / qall proposal rules
   (train/sampled_walk.py: expected tokens per verify step from the target's p and the drafter's q
   per slot, p teacher-forced), {"T0.7": {rule: {W: tau}}}; T0 is the greedy walk again (a check);
 - draft_ms_W: the draft stage (pipeline/draft.propose, the drafter's shape and draft vocabulary;
@@ -41,7 +41,7 @@ from sglang_dflash.embedded import derive  # noqa: E402
 from sglang_dflash.model.config import parse_drafter_config  # noqa: E402
 from sglang_dflash.model.draft_vocab import d2t_from_ids, ids_from_d2t  # noqa: E402
 from sglang_dflash.model.drafter import DFlashDrafter  # noqa: E402
-from sglang_dflash.train.blocks import accepted_per_anchor, walk  # noqa: E402
+from sglang_dflash.train.blocks import walk_counts  # noqa: E402
 from sglang_dflash.model.checkpoint import load_exported  # noqa: E402
 from sglang_dflash.train.features import load_seqs, load_target  # noqa: E402
 from sglang_dflash.train.sampled_walk import sampled_walk_counts, taus  # noqa: E402
@@ -179,14 +179,13 @@ def main():
         d, cfg, mask, dv = load(path, model)
         dms = {w: draft_ms(cfg, embed, w) for w in cost if isinstance(w, int) and w <= cfg.block_size}
         for wd, held in sets.items():
-            runs = accepted_per_anchor(d, embed, mask, cfg.block_size, held, a.max_answer, vocab=dv)  # once per set
             inside = not os.path.relpath(path).startswith("..")  # a repository path; else the arm's name
             row = {"name": name, "path": os.path.relpath(path) if inside else name, "layers": cfg.num_layers}
             row.update(block=cfg.block_size, heldout_set=set_names[wd], heldout=len(held), label=a.label)
             row.update(max_answer=a.max_answer, costs_commit=cost["commit"])
             row.update(training=training(path), widths={})
             for w, dm in dms.items():
-                counts = [walk(acc, start, end, [w]) for acc, start, end in runs]
+                counts = walk_counts(d, embed, mask, cfg.block_size, held, a.max_answer, vocab=dv, widths=[w])
                 tau = sum(t for t, _ in counts) / max(sum(b for _, b in counts), 1)
                 verify, other = cost[w]
                 speed = tau * cost["itl_plain"] / (verify + dm + other)

@@ -36,6 +36,17 @@ class Proposal:
         return Proposal(self.tokens[:, :width], cut(self.cand_ids), cut(self.q), self.q_rows, self.failed)
 
 
+def draft_rows(width: Optional[int], block: int, selector=None) -> int:
+    """The block rows a width-W step drafts: [anchor, MASK x (W-1)], exactly the rows it verifies.
+    The mask rows past W cost a drafter forward as much as the verified ones yet barely move the
+    verified drafts (bench/draft_block.py: walk tau at W within a few percent of the whole block's,
+    the draft at a quarter of the rows several times cheaper). A DFlash 2 drafter keeps its whole
+    trained block: its selector's convolutions and path walk were trained on it."""
+    if width is None or width >= block or selector is not None:
+        return block
+    return max(width, 2)
+
+
 def finite_rows(x: torch.Tensor) -> torch.Tensor:
     """x [bs, ...] -> [bs] bool: every value of the row finite (no NaN, no inf)."""
     return torch.isfinite(x).flatten(1).all(dim=1)

@@ -7,21 +7,24 @@ import logging
 
 from sglang_dflash import env
 from sglang_dflash.pipeline.attention_choice import block_attention
-from sglang_dflash.pipeline.draft import Proposal, draft_sampling, propose
+from sglang_dflash.pipeline.draft import Proposal, draft_rows, draft_sampling, propose
 
 logger = logging.getLogger("sglang_dflash")
 PROPOSAL = env.PROPOSAL.get()  # DFlash 1 drafts for unseeded sampled rows (env.py)
 
 
 def draft_step(w, req_pool_indices, prefix, slots, block_ids, positions, sampling, width=None) -> Proposal:
-    """Worker w's drafter over the whole block -> proposals for its first `width` rows (default B).
-    req_pool_indices, prefix [bs]; slots, block_ids, positions [bs, B]. Under step graphs a batch is
+    """Worker w's drafter over the block's first draft_rows(width) rows -> proposals for its first
+    `width` rows (default B). req_pool_indices, prefix [bs]; slots, block_ids, positions [bs, B]
+    (cut here to the rows drafted). Under step graphs a batch is
     padded to its bucket with rows that read and write nothing real: the padding slot 0, no
     context (prefix 0), the mask token, greedy. The block attention is planned outside the step
     (FlashInfer's plan is host work a CUDA graph cannot hold) and run inside it."""
     req_to_token = w.model_runner.req_to_token_pool.req_to_token
     cuda, B = w.device_type == "cuda", w.block_size
     sel = w.drafter.selector
+    rows = draft_rows(width, B, sel)
+    slots, block_ids, positions = slots[:, :rows], block_ids[:, :rows], positions[:, :rows]
     k = None if sel is None else min(sel.top_k, w.vocab_size)
     temps, noise, from_q = draft_sampling(sampling, k, B, PROPOSAL, block_ids.device)
     # host-known (SGLang's requests), so the draft step reads nothing back from the device
@@ -29,7 +32,7 @@ def draft_step(w, req_pool_indices, prefix, slots, block_ids, positions, samplin
     embed = w.model_runner.model.model.embed_tokens
 
     def plan(attend, fixed, pool_rows, prefix, slots, **_):  # outside a captured step: host work
-        args = (w.cfg, B, cuda, w.draft_kv, req_to_token, pool_rows, prefix, slots.reshape(-1))
+        args = (w.cfg, rows, cuda, w.draft_kv, req_to_token, pool_rows, prefix, slots.reshape(-1))
         return block_attention(*args, reuse=attend, fixed=fixed)
 
     def step(attend, pool_rows, prefix, slots, block_ids, positions, temps, noise):

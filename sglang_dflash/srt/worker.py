@@ -226,8 +226,9 @@ class DFlashWorker(BaseSpecWorker):
         )  # [bs, B] KV slot ids of the block (target and drafter share them)
         clock = StageClock(self.device_type)
 
-        # 1) draft: one non-causal drafter forward proposes the whole block (trained size B); the
-        #    step verifies its first W rows. W = 1 is a plain decode step: no draft forward at all.
+        # 1) draft: one non-causal drafter forward over the block's first W rows (pipeline/draft.py
+        #    draft_rows) proposes the drafts the step verifies. W = 1 is a plain decode step: no draft
+        #    forward at all.
         if W > 1:
             proposal = self._safe_draft(inp.req_pool_indices, prefix, slots, block_ids, positions, sampling, W)
         else:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang_dflash.model.drafter import DFlashDrafter
+from sglang_dflash.pipeline.draft import draft_rows
 from sglang_dflash.train.dflash2 import selector_drafts
 
 
@@ -207,25 +208,37 @@ def accepted_per_anchor(
     return out
 
 
-def walk(acc: list[int], start: int, end: int, widths: Sequence[int] | None = None) -> tuple[int, int]:
+def walk(acc, start: int, end: int, widths: Sequence[int] | None = None) -> tuple[int, int]:
     """Walk one answer as greedy speculative decoding would (a block at the answer start, the next
     one after the accepted tokens + bonus) -> (committed tokens, blocks); (0, 0) with no anchor.
+    acc: accepted drafts per anchor, or {W: those of the rows a width-W step drafts} (walk_counts);
     widths: verify widths cycled per step (serving's debug width cycle; default: the block)."""
     p, tokens, blocks_n = start, 0, 0
     while acc and p < end - 1:
-        a = acc[p - start]
-        if widths:  # the block is drafted whole; only its first W rows are verified
-            a = min(a, widths[blocks_n % len(widths)] - 1)
+        w = widths[blocks_n % len(widths)] if widths else None
+        a = (acc[w] if isinstance(acc, dict) else acc)[p - start]
+        if widths:  # only the step's first W rows are verified
+            a = min(a, w - 1)
         tokens += min(a + 1, end - p)
         blocks_n += 1
         p += a + 1
     return tokens, blocks_n
 
 
-def walk_counts(*args, widths: Sequence[int] | None = None, **kw) -> list[tuple[int, int]]:
+def walk_counts(drafter, embed, mask_token_id, block, seqs, *args, widths=None, **kw) -> list[tuple[int, int]]:
     """walk() over every sequence -> [(committed tokens, blocks)]; the other arguments are
-    accepted_per_anchor's."""
-    return [walk(acc, start, end, widths) for acc, start, end in accepted_per_anchor(*args, **kw)]
+    accepted_per_anchor's. With widths, each step's drafts are those of the rows serving drafts at
+    its width (pipeline/draft.draft_rows), so the walk stays serving-equivalent."""
+    if not widths:
+        runs = accepted_per_anchor(drafter, embed, mask_token_id, block, seqs, *args, **kw)
+        return [walk(acc, start, end) for acc, start, end in runs]
+    rows = {w: draft_rows(w, block, getattr(drafter, "selector", None)) for w in set(widths)}
+    per = {r: accepted_per_anchor(drafter, embed, mask_token_id, r, seqs, *args, **kw) for r in set(rows.values())}
+    out = []
+    for i in range(len(seqs)):
+        first, start, end = per[rows[widths[0]]][i]
+        out.append(walk({w: per[r][i][0] for w, r in rows.items()} if first else [], start, end, widths))
+    return out
 
 
 def walk_tau(
