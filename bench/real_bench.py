@@ -28,8 +28,10 @@ provenance (commit, dirty flag, host with ISA and memory bandwidth, every arm's 
 Appends one run to bench/results/real_bench.jsonl; bench/results_page.py draws the README headline.
 
 python bench/real_bench.py [--arms plain w1 adaptive] [--concurrency 1 4 16 32] [--temperatures 0 1]
-    [--repeats 2] [--sampled both] [--stop-at-eos] [--match-sched] [--waves 1] [--prompts heldout] [--tiny]
---waves N: a row sends N times its requests (c, 2c below 16, at least 6) through c clients.
+    [--repeats 2] [--sampled both] [--stop-at-eos] [--match-sched] [--waves 2] [--prompts heldout] [--tiny]
+--waves N (default 2): a row sends N times its requests (c, 2c below 16, at least 6) through c
+clients; with few waves a row measures mostly its ragged tail (requests speculated at different
+rates finish apart, the last ones decoding at a smaller batch).
 --prompts unseen: kinds of text no training run reads (bench/unseen_set.py --fresh) instead of the
 drafter recipe's held-out prompts.
 --tiny: the tiny generated pair of `make serve-tiny` (float32, random prompts, concurrency
@@ -212,7 +214,7 @@ def main():
     ap.add_argument("--temperatures", type=float, nargs="+", help="default: 0 1 (0 with --tiny)")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--prompts", choices=("heldout", "unseen"), default="heldout", help="see --prompts above")
-    ap.add_argument("--waves", type=int, default=1, help="rows send N x their requests: N > 1 holds the batch full")
+    ap.add_argument("--waves", type=int, default=2, help="rows send N x their requests: more hold the batch full")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     seeded = "T>0 rows with sampling_seed, without it (DFlash 1 q proposal rules), or both"
     ap.add_argument("--sampled", choices=("seeded", "unseeded", "both"), default="both", help=seeded)
