@@ -1,5 +1,6 @@
 """Tables of how a server shares its host and what a decode step costs by width: two servers side by
-side (bench/shared_host.py) and the start-up step-cost table per checkout (bench/profile_table.py)."""
+side (bench/shared_host.py), the start-up step-cost table per checkout (bench/profile_table.py) and
+the drafter's block cut to the verify width (bench/draft_block.py)."""
 
 from __future__ import annotations
 
@@ -40,4 +41,24 @@ def profile_table() -> list[str]:
                 body.append([bs, arm, *cells])
         out += [f"Run `{run}`: {rs[0].get('label') or ''}", ""]
         out += table(["bs", "arm", *[f"W{w} ms (/W1)" for w in widths]], body) + [""]
+    return out
+
+
+def draft_block() -> list[str]:
+    """Per run: walk tau by verify width on each held-out set, and the draft ms by batch, per rows drafted."""
+    out = []
+    for run, rs in runs(rows("draft_block")).items():
+        sets = list(rs[0]["tau"])
+        widths = sorted({int(w) for r in rs for t in r["tau"].values() for w in t})
+        batches = list(rs[0]["draft_ms"])
+        body = []
+        for r in rs:
+            taus = [" / ".join(str(r["tau"][s].get(str(w), "-")) for s in sets) for w in widths]
+            body.append([r["block"], *taus, " / ".join(str(r["draft_ms"][b]) for b in batches)])
+        head = [
+            "rows drafted",
+            *[f"tau W{w} ({' / '.join(sets)})" for w in widths],
+            f"draft ms (bs {' / '.join(batches)})",
+        ]
+        out += [f"Run `{run}`, {rs[0]['trained_block']}-row drafter:", ""] + table(head, body) + [""]
     return out
