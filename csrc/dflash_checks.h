@@ -41,7 +41,19 @@ inline void check_write_draft_kv_args(const at::Tensor& k, const at::Tensor& v, 
               w.is_contiguous() && cs.is_contiguous(), "write_draft_kv: tensors must be contiguous");
 }
 
-// {min slot, max slot, min position, max position} on the host, for non-empty contiguous int64
+// draft, target int64 [bs, B]; prefix_lens, budget int64 [bs]; stop_ids int64 [bs, S].
+inline void check_linear_verify_accept_args(const at::Tensor& draft, const at::Tensor& target,
+                                            const at::Tensor& prefix_lens, const at::Tensor& budget,
+                                            const at::Tensor& stop_ids) {
+  TORCH_CHECK(draft.dim() == 2 && target.sizes() == draft.sizes(), "linear_verify_accept: draft/target [bs, B]");
+  TORCH_CHECK(stop_ids.dim() == 2 && stop_ids.size(0) == draft.size(0), "linear_verify_accept: stop_ids [bs, S]");
+  TORCH_CHECK(draft.scalar_type() == at::kLong && target.scalar_type() == at::kLong &&
+                  prefix_lens.scalar_type() == at::kLong && budget.scalar_type() == at::kLong &&
+                  stop_ids.scalar_type() == at::kLong,
+              "linear_verify_accept: all inputs must be int64");
+}
+
+// {min slot, min position, max position} on the host, for non-empty contiguous int64
 // positions/slots. CPU: a scan of the data. Other devices: reductions on the device and ONE copy of
 // the four values to the host (a sync with the current stream), so no kernel runs with an index
 // that was not checked.

@@ -92,11 +92,7 @@ void write_draft_kv_cpu(const at::Tensor& k, const at::Tensor& v, const at::Tens
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_verify_accept_cpu(
     const at::Tensor& draft, const at::Tensor& target, const at::Tensor& prefix_lens, const at::Tensor& budget,
     const at::Tensor& stop_ids) {
-  TORCH_CHECK(draft.dim() == 2 && target.sizes() == draft.sizes(), "linear_verify_accept: draft/target [bs, B]");
-  TORCH_CHECK(stop_ids.dim() == 2 && stop_ids.size(0) == draft.size(0), "linear_verify_accept: stop_ids [bs, S]");
-  TORCH_CHECK(draft.scalar_type() == at::kLong && target.scalar_type() == at::kLong &&
-              prefix_lens.scalar_type() == at::kLong && budget.scalar_type() == at::kLong &&
-              stop_ids.scalar_type() == at::kLong, "linear_verify_accept: all inputs must be int64");
+  checks::check_linear_verify_accept_args(draft, target, prefix_lens, budget, stop_ids);
   const int64_t bs = draft.size(0), B = draft.size(1), S = stop_ids.size(1);
   auto d = draft.contiguous(), tg = target.contiguous(), st = stop_ids.contiguous();
   auto accept = at::empty({bs}, draft.options()), bonus = at::empty({bs}, draft.options());
