@@ -27,7 +27,8 @@ $(STAMP): pyproject.toml setup.py $(CSRC)
 # A real sglang.launch_server with DFLASH served by our worker: the embedded SmolLM2-135M-Instruct
 # (derived once into ~/.cache/sglang_dflash) and the drafter we trained for it. Override MODEL=...
 # DRAFT=... PORT=... BLOCK=... DEVICE=... ARGS="..." (any sglang.launch_server flag).
-# API_KEY=...: SGLang's --api-key (requests need `Authorization: Bearer KEY`; /health* stays open).
+# API_KEY=...: SGLang's --api-key (requests need `Authorization: Bearer KEY`; /health* stays open);
+# with REPLICAS=N the gateway requires it too and sends it to the workers.
 # REPLICAS=N: N DFLASH workers behind the SGLang gateway (SMG) on PORT (sglang_dflash/replicas.py).
 serve: install
 	$(VPY) -m sglang_dflash.$(if $(filter-out 1,$(REPLICAS)),replicas --replicas $(REPLICAS),launch) --port $(PORT) --host 127.0.0.1 \

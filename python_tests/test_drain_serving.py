@@ -2,12 +2,14 @@
 returns its full output, a request arriving during the drain gets 503 with Retry-After, one that
 outlives SGLANG_DFLASH_DRAIN_S ends with finish reason `abort`, and the process exits 0 within the
 grace period. The server also takes SGLang's --api-key (`make serve API_KEY=...`, the Kubernetes
-Secret): without the key a request gets 401, with it 200. One real server (the tiny random pair: its drafts are rarely accepted, so a
-generation takes seconds), signalled once at the end of the module."""
+Secret): without the key a request gets 401, with it 200, and the same through SMG in front of it
+given the key (replicas.py's router command). One real server (the tiny random pair: its drafts are
+rarely accepted, so a generation takes seconds), signalled once at the end of the module."""
 
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -15,7 +17,8 @@ import pytest
 import requests
 
 from sglang_dflash import env
-from sglang_dflash.testing.servers import launch
+from sglang_dflash.replicas import router_cmd, served_model, wait_workers
+from sglang_dflash.testing.servers import LOG_DIR, free_port, launch, stop
 
 pytestmark = pytest.mark.server
 
@@ -73,6 +76,31 @@ def test_api_key_is_required(server):
     ok = requests.post(server.url + "/generate", json=body(4), headers=AUTH, timeout=60)
     assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 4
     assert requests.get(server.url + "/health", timeout=30).status_code == 200  # probes carry no secret
+
+
+def test_the_gateway_requires_the_key_and_sends_it_to_the_worker(server):
+    """SMG with replicas.py's --api-key: it refuses clients without the key and, holding the key the
+    worker requires, registers the worker and gets answers from it."""
+    port = free_port()
+    with open(os.path.join(LOG_DIR, f"smg-{port}.log"), "w") as log:
+        cmd = router_cmd([server.url], "127.0.0.1", port, free_port(), api_key=KEY)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_workers(url, 1, [proc], timeout=60, api_key=KEY)
+        assert requests.get(url + "/workers", timeout=30).status_code == 401
+        assert requests.post(url + "/generate", json=body(4), timeout=60).status_code == 401
+        wrong = {"Authorization": "Bearer not-the-key"}
+        assert requests.post(url + "/generate", json=body(4), headers=wrong, timeout=60).status_code == 401
+        chat = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        assert requests.post(url + "/v1/chat/completions", json=chat, timeout=60).status_code == 401
+        ok = requests.post(url + "/generate", json=body(4), headers=AUTH, timeout=60)
+        assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 4, ok.text[:300]
+        chat["model"] = served_model(url, KEY)  # SMG routes by it: "default" is no model of its
+        ok = requests.post(url + "/v1/chat/completions", json=chat, headers=AUTH, timeout=60)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4, ok.text[:300]
+    finally:
+        stop(proc)
 
 
 def test_sigterm_drains_then_exits_0(server):  # last: the server is gone after it

@@ -9,6 +9,10 @@ label (`--extra-metric-labels {"worker": "replica-i"}`: SGLang's label, carried 
 to them over HTTP (SGLang's HTTP server; SMG's gRPC mode needs SGLang's gRPC server, which the CPU
 build does not start). The gateway's own Prometheus metrics are on
 --router-metrics-port (default P + 100). Ctrl-C (SIGINT / SIGTERM) stops everything.
+
+--api-key KEY: every worker requires it (SGLang's --api-key) and so does the gateway (SMG's
+--api-key gates its serving routes and is the bearer token it sends to workers); clients send
+`Authorization: Bearer KEY`, without it they get 401 (SMG's /workers too); /health stays open.
 """
 
 from __future__ import annotations
@@ -29,28 +33,25 @@ from sglang_dflash.launch import cpu_binding
 ROUTER_POLICY = "cache_aware"
 
 
-def worker_cmd(i: int, port: int, host: str, args: list[str]) -> list[str]:
+def worker_cmd(i: int, port: int, host: str, args: list[str], api_key: str | None = None) -> list[str]:
     labels = json.dumps({"worker": f"replica-{i}"})
+    key = ["--api-key", api_key] if api_key else []
     return [
-        sys.executable,
-        "-m",
-        "sglang_dflash.launch",
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--extra-metric-labels",
-        labels,
-        *args,
-    ]
+        sys.executable, "-m", "sglang_dflash.launch", "--host", host, "--port", str(port),
+        "--extra-metric-labels", labels, *key, *args,
+    ]  # fmt: skip
 
 
-def router_cmd(urls: list[str], host: str, port: int, metrics_port: int, policy: str = ROUTER_POLICY) -> list[str]:
+def router_cmd(
+    urls: list[str], host: str, port: int, metrics_port: int, policy: str = ROUTER_POLICY, api_key: str | None = None
+) -> list[str]:
     smg = shutil.which("smg") or os.path.join(os.path.dirname(sys.executable), "smg")
+    # SMG's one --api-key both gates its clients and authenticates it to workers that were given it
+    key = ["--api-key", api_key] if api_key else []
     return [
         smg, "launch", "--host", host, "--port", str(port), "--worker-urls", *urls, "--policy", policy,
         "--prometheus-port", str(metrics_port), "--health-check-interval-secs", "2",
-        "--health-failure-threshold", "2", "--log-level", "warn",
+        "--health-failure-threshold", "2", "--log-level", "warn", *key,
     ]  # fmt: skip
 
 
@@ -78,14 +79,27 @@ def wait_healthy(url: str, procs: list[subprocess.Popen], timeout: float = 600) 
     raise TimeoutError(f"{url} not healthy after {timeout:.0f} s")
 
 
-def wait_workers(url: str, n: int, procs: list[subprocess.Popen], timeout: float = 120) -> None:
+def keyed(url: str, api_key: str | None) -> urllib.request.Request:
+    return urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+
+
+def served_model(url: str, api_key: str | None = None) -> str:
+    """The model id SMG routes by (the workers' model path): unlike SGLang's own server it answers
+    404 model_not_found to "model": "default"."""
+    with urllib.request.urlopen(keyed(url + "/v1/models", api_key), timeout=5) as r:
+        return json.load(r)["data"][0]["id"]
+
+
+def wait_workers(
+    url: str, n: int, procs: list[subprocess.Popen], timeout: float = 120, api_key: str | None = None
+) -> None:
     """SMG answers /health before it has registered its workers (registration is a background job:
     backend detection, model discovery), and until then routes nothing (404 model_not_found): wait
-    for all n in its /workers list."""
+    for all n in its /workers list (which, unlike /health, needs the gateway's key)."""
     wait_healthy(url, procs, timeout)
     deadline = time.time() + timeout
     while time.time() < deadline:
-        with urllib.request.urlopen(url + "/workers", timeout=5) as r:
+        with urllib.request.urlopen(keyed(url + "/workers", api_key), timeout=5) as r:
             if json.load(r).get("total", 0) >= n:
                 return
         time.sleep(0.5)
@@ -99,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--router-metrics-port", type=int, default=None)
     ap.add_argument("--policy", default=ROUTER_POLICY)
+    # parsed here, not left in the workers' args: the gateway must hold the key the workers require
+    ap.add_argument("--api-key", default=None, help="required by every worker and by the gateway")
     a, rest = ap.parse_known_args(argv)
     procs: list[subprocess.Popen] = []
 
@@ -115,19 +131,24 @@ def main(argv: list[str] | None = None) -> None:
         port = a.port + 1 + i
         urls.append(f"http://{a.host}:{port}")
         procs.append(
-            subprocess.Popen(worker_cmd(i, port, a.host, rest), env=worker_env(i, a.replicas), start_new_session=True)
+            subprocess.Popen(
+                worker_cmd(i, port, a.host, rest, a.api_key), env=worker_env(i, a.replicas), start_new_session=True
+            )
         )
     for url in urls:
         wait_healthy(url, procs)
     metrics_port = a.router_metrics_port or a.port + 100
-    procs.append(subprocess.Popen(router_cmd(urls, a.host, a.port, metrics_port, a.policy), start_new_session=True))
-    wait_workers(f"http://{a.host}:{a.port}", len(urls), procs)
+    router = router_cmd(urls, a.host, a.port, metrics_port, a.policy, a.api_key)
+    procs.append(subprocess.Popen(router, start_new_session=True))
+    front = f"http://{a.host}:{a.port}"
+    wait_workers(front, len(urls), procs, api_key=a.api_key)
+    auth = "-H 'Authorization: Bearer <your --api-key>' " if a.api_key else ""  # the key stays out of logs
+    chat = {"model": served_model(front, a.api_key), "messages": [{"role": "user", "content": "Hello"}]}
     print(
         f"sglang_dflash.replicas: {a.replicas} DFLASH workers ({', '.join(urls)}) behind SMG at "
-        f"http://{a.host}:{a.port} (gateway metrics: http://{a.host}:{metrics_port}/metrics); try:\n"
-        f"  curl -s http://{a.host}:{a.port}/v1/chat/completions -H 'Content-Type: application/json' "
-        '-d \'{"model": "default", "messages": [{"role": "user", "content": "Hello"}], '
-        '"max_tokens": 48, "temperature": 0}\'',
+        f"{front} (gateway metrics: http://{a.host}:{metrics_port}/metrics); try:\n"
+        f"  curl -s {front}/v1/chat/completions -H 'Content-Type: application/json' {auth}"
+        f"-d '{json.dumps({**chat, 'max_tokens': 48, 'temperature': 0})}'",
         flush=True,
     )
     while all(p.poll() is None for p in procs):
