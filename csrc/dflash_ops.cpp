@@ -122,7 +122,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_ve
 }
 
 // (the ISA level every CPU kernel dispatches on, the CPU's own): csrc/cpu/cpu_features.h, for Python to ask
-std::tuple<int64_t, int64_t> cpu_isa() { return {dflash_cpu::isa_level(), dflash_cpu::detected_isa()}; }
+std::tuple<int64_t, int64_t> cpu_isa() { return {isa_level(), detected_isa()}; }
 
 TORCH_LIBRARY(sglang_dflash, m) {
   m.def("write_draft_kv(Tensor k, Tensor v, Tensor k_norm_weight, Tensor cos_sin_cache, Tensor positions, "

@@ -217,7 +217,7 @@ at::Tensor bf16_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
   const at::Tensor x2 = x.reshape({-1, K});
   const int64_t M = x2.size(0);
 #ifdef DFLASH_X86
-  const bool dp = dflash_cpu::has_avx512_bf16() && K % 32 == 0;
+  const bool dp = has_avx512_bf16() && K % 32 == 0;
 #else
   const bool dp = false;
 #endif
@@ -249,7 +249,7 @@ at::Tensor bf16_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
       rows_dp(xb.data_ptr<bf16>(), M, wp, n0, n1, K, bp, yp, N);
       return;
     }
-    if (dflash_cpu::has_avx2_fma() && K % 8 == 0) {
+    if (has_avx2_fma() && K % 8 == 0) {
       if (M <= 2) {
         rows_stream(xp, twice ? 2 : M, wp, n0, n1, K, bp, yp, N);
       } else {

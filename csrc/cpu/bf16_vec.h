@@ -8,7 +8,8 @@
 #include <ATen/ATen.h>
 #include <immintrin.h>
 
-namespace dflash_vec {
+namespace sglang_dflash {
+namespace avx512 {
 
 using bf16 = at::BFloat16;
 
@@ -41,5 +42,6 @@ __attribute__((target("avx512f"))) inline __m512 load_bf16(const bf16* p) {
 
 #pragma GCC diagnostic pop
 
-}  // namespace dflash_vec
+}  // namespace avx512
+}  // namespace sglang_dflash
 #endif

@@ -29,18 +29,22 @@
 // build's warning about their (non-AVX) calling convention concerns no external interface.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-namespace {
+namespace sglang_dflash {
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace avx2 {
+namespace {
 #include "cpu/chain_attention_body.h"
+}  // namespace
 }  // namespace avx2
 #pragma GCC pop_options
 
-namespace base {
+namespace scalar {
+namespace {
 #include "cpu/chain_attention_body.h"
-}  // namespace base
+}  // namespace
+}  // namespace scalar
 
 #if defined(__x86_64__)
 // GCC 12's _mm512_reduce_add_ps reads an _mm512_undefined_ps() on purpose; -Werror would stop it.
@@ -50,14 +54,14 @@ namespace base {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512bf16,avx2,fma")
 namespace avx512 {
+namespace {
 #include "cpu/chain_attention_body.h"
 #include "cpu/chain_attention_dp.h"
+}  // namespace
 }  // namespace avx512
 #pragma GCC pop_options
 #pragma GCC diagnostic pop
 #endif
-
-}  // namespace
 
 // q [bs*B, H, D]; k_cache, v_cache [S, Hkv, D] (q's dtype: float32 or bfloat16); slots [bs, T] int64
 // slot ids by position; prefix [bs] int64 committed lengths (prefix + B <= T). Row r of request i sees
@@ -95,12 +99,12 @@ at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, c
   }
   const at::Tensor qc = q.contiguous(), kc = k_cache.contiguous(), vc = v_cache.contiguous();
   const float sc = static_cast<float>(scale);
-  const bool avx = dflash_cpu::has_avx2_fma();
+  const bool avx = has_avx2_fma();
   // Head dim 64 with more than 4 query rows a (request, KV head) (a 4-row verify's 12 at 3 query heads a
   // KV head): 6 rows a pass, so 12 rows walk the keys twice, not three times (the registers hold 6).
   [[maybe_unused]] const bool wide = B * (H / Hkv) > 4;
   // bf16 on native bf16 dot products where the CPU has them (head dims of 32, 64, 128)
-  [[maybe_unused]] const bool dp = dflash_cpu::has_avx512_bf16() && q.scalar_type() == at::kBFloat16 && (D == 32 || D == 64 || D == 128);
+  [[maybe_unused]] const bool dp = has_avx512_bf16() && q.scalar_type() == at::kBFloat16 && (D == 32 || D == 64 || D == 128);
   auto run = [&](auto* tag) {  // float32 or bfloat16 only (checked above): no kernel for other dtypes
     using scalar_t = std::remove_pointer_t<decltype(tag)>;
     const scalar_t *qp = qc.data_ptr<scalar_t>(), *kp = kc.data_ptr<scalar_t>(), *vp = vc.data_ptr<scalar_t>();
@@ -130,7 +134,7 @@ at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, c
         if (avx)
           avx2::attend(qp, kp, vp, sp + i * T, pp[i], B, H, Hkv, D, i, w % Hkv, sc, causal, op);
         else
-          base::attend(qp, kp, vp, sp + i * T, pp[i], B, H, Hkv, D, i, w % Hkv, sc, causal, op);
+          scalar::attend(qp, kp, vp, sp + i * T, pp[i], B, H, Hkv, D, i, w % Hkv, sc, causal, op);
       }
     });
   };
@@ -142,3 +146,5 @@ at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, c
 }
 
 TORCH_LIBRARY_IMPL(sglang_dflash, CPU, m) { m.impl("chain_attention", &chain_attention_cpu); }
+
+}  // namespace sglang_dflash

@@ -142,7 +142,7 @@ void attend_dp(const at::BFloat16* q, const at::BFloat16* kc, const at::BFloat16
       if (j + DP_AHEAD < n) prefetch_row(vc + (slots[j + DP_AHEAD] * Hkv + g) * D, D);
       const at::BFloat16* v = vc + (slots[j] * Hkv + g) * D;
       __m512 vf[DV];
-      for (int64_t c = 0; c < DV; ++c) vf[c] = dflash_vec::load_bf16(v + 16 * c);
+      for (int64_t c = 0; c < DV; ++c) vf[c] = load_bf16(v + 16 * c);
       for (int64_t u = 0; u < RP; ++u) {
         const __m512 p = _mm512_set1_ps(s[(r0 + u) * L + j]);
         for (int64_t c = 0; c < DV; ++c) acc[u][c] = _mm512_fmadd_ps(p, vf[c], acc[u][c]);

@@ -16,7 +16,7 @@
 #include <cpuid.h>
 #endif
 
-namespace dflash_cpu {
+namespace sglang_dflash {
 
 enum IsaLevel : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3, kAmx = 4 };
 inline constexpr const char* kIsaNames[] = {"scalar", "avx2", "avx512", "avx512bf16", "amx"};
@@ -68,4 +68,4 @@ inline bool has_avx512f() { return isa_level() >= kAvx512; }
 inline bool has_avx512_bf16() { return isa_level() >= kAvx512Bf16; }
 inline bool has_amx_bf16() { return isa_level() >= kAmx; }
 
-}  // namespace dflash_cpu
+}  // namespace sglang_dflash

@@ -10,8 +10,6 @@
 namespace sglang_dflash {
 at::Tensor bf16_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
 at::Tensor packed_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
-}  // namespace sglang_dflash
-
 std::tuple<at::Tensor, at::Tensor> rms_norm_cpu(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
                                                 const at::Tensor& weight, double eps);
 std::tuple<at::Tensor, at::Tensor> rope_qk_cpu(const at::Tensor& positions, const at::Tensor& query,
@@ -19,3 +17,4 @@ std::tuple<at::Tensor, at::Tensor> rope_qk_cpu(const at::Tensor& positions, cons
                                                int64_t head_size, bool neox);
 at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                const at::Tensor& slots, const at::Tensor& prefix, double scale, bool causal);
+}  // namespace sglang_dflash

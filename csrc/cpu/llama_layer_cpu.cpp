@@ -14,6 +14,8 @@
 
 #include "cpu/cpu_ops.h"
 
+namespace sglang_dflash {
+
 namespace {
 
 // k [T, kv_size] (contiguous rows), v [T, kv_size] (rows at any stride) into the [S, Hkv, D] pools at
@@ -90,3 +92,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> llama_layer_cpu(
 }
 
 TORCH_LIBRARY_IMPL(sglang_dflash, CPU, m) { m.impl("llama_layer", &llama_layer_cpu); }
+
+}  // namespace sglang_dflash

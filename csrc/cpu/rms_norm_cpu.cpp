@@ -14,13 +14,15 @@
 #include <tuple>
 #include <type_traits>
 
+namespace sglang_dflash {
+
 using bf16 = at::BFloat16;
 
 namespace {
 
 #if defined(__x86_64__)
-using dflash_vec::load_bf16;
-using dflash_vec::store_bf16;
+using avx512::load_bf16;
+using avx512::store_bf16;
 // GCC 12's AVX-512 intrinsics pass an _mm512_undefined_*() on purpose; -Werror would stop them.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -49,7 +51,7 @@ __attribute__((target("avx512f"))) void scale16(const float* s, float r, const b
 #pragma GCC diagnostic pop
 #endif
 
-bool use_avx512(int64_t H) { return dflash_cpu::has_avx512f() && H % 16 == 0; }
+bool use_avx512(int64_t H) { return has_avx512f() && H % 16 == 0; }
 
 }  // namespace
 
@@ -120,3 +122,5 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_cpu(const at::Tensor& x, const c10::
 }
 
 TORCH_LIBRARY_IMPL(sglang_dflash, CPU, m) { m.impl("rms_norm", &rms_norm_cpu); }
+
+}  // namespace sglang_dflash

@@ -11,6 +11,8 @@
 #include "cpu/bf16_vec.h"
 #include "cpu/cpu_features.h"
 
+namespace sglang_dflash {
+
 namespace {
 
 using bf16 = at::BFloat16;
@@ -37,9 +39,9 @@ void rotate(const bf16* x, int64_t xs, bf16* out, int64_t t, int64_t heads, int6
 }
 
 #if defined(__x86_64__)
-using dflash_vec::load_bf16;
-using dflash_vec::round_bf16;
-using dflash_vec::store_bf16;
+using avx512::load_bf16;
+using avx512::round_bf16;
+using avx512::store_bf16;
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -98,7 +100,7 @@ std::tuple<at::Tensor, at::Tensor> rope_qk_cpu(const at::Tensor& positions, cons
     cs = at::empty({T, rd}, cos_sin_cache.options().dtype(at::kFloat));
     const int64_t* pp = pos.data_ptr<int64_t>();
     float* out = cs.data_ptr<float>();
-    const bool v16_cs = rd % 16 == 0 && dflash_cpu::has_avx512f();
+    const bool v16_cs = rd % 16 == 0 && has_avx512f();
     const auto gather = [&](const auto* cache) {  // r16 leaves a bf16 cache's values as they are
       for (int64_t t = 0; t < T; ++t) {
         TORCH_CHECK(pp[t] >= 0 && pp[t] < cc.size(0), "rope_qk: position ", pp[t], " outside the cos_sin_cache's ",
@@ -131,7 +133,7 @@ std::tuple<at::Tensor, at::Tensor> rope_qk_cpu(const at::Tensor& positions, cons
   const float* csp = cs.data_ptr<float>();
   const bf16 *qp = q.data_ptr<bf16>(), *kp = k.data_ptr<bf16>();
   bf16 *qop = qo.data_ptr<bf16>(), *kop = ko.data_ptr<bf16>();
-  const bool v16 = neox && (rd / 2) % 16 == 0 && dflash_cpu::has_avx512f();
+  const bool v16 = neox && (rd / 2) % 16 == 0 && has_avx512f();
   at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
 #if defined(__x86_64__)
@@ -149,3 +151,5 @@ std::tuple<at::Tensor, at::Tensor> rope_qk_cpu(const at::Tensor& positions, cons
 }
 
 TORCH_LIBRARY_IMPL(sglang_dflash, CPU, m) { m.impl("rope_qk", &rope_qk_cpu); }
+
+}  // namespace sglang_dflash
