@@ -21,7 +21,6 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#define DFLASH_X86 1
 #endif
 
 namespace sglang_dflash {
@@ -50,13 +49,13 @@ void tile_scalar(const float* x, int64_t M, const bf16* w, int64_t n0, int64_t n
   }
 }
 
-#ifdef DFLASH_X86
-__attribute__((target("avx2,fma"))) inline __m256 load_bf16(const bf16* p) {
+#if defined(__x86_64__)
+SGLANG_DFLASH_AVX2 inline __m256 load_bf16(const bf16* p) {
   __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
+SGLANG_DFLASH_AVX2 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -70,7 +69,7 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
 // until its line arrives, which capped one core's stream at ~10 GB/s; into L2 it streams at ~23 GB/s,
 // this core's read bandwidth (one row over the embedded target's 269 MB: 26.5 -> 11.5 ms a step,
 // a standalone C loop on the AVX512-BF16 host). K % 8 == 0 (the 32-step tail runs 8 at a time).
-__attribute__((target("avx2,fma"))) void rows_stream(const float* x, int64_t M, const bf16* w, int64_t n0,
+SGLANG_DFLASH_AVX2 void rows_stream(const float* x, int64_t M, const bf16* w, int64_t n0,
                                                      int64_t n1, int64_t K, const bf16* b, bf16* y, int64_t N) {
   int64_t n = n0;
   for (; n + 2 <= n1; n += 2) {
@@ -108,7 +107,7 @@ __attribute__((target("avx2,fma"))) void rows_stream(const float* x, int64_t M, 
 }
 
 // Verify shapes: 4 W rows widened once into `wt` [NB, K], then MB x rows against them. K % 8 == 0.
-__attribute__((target("avx2,fma"))) void rows_tiled(const float* x, int64_t M, const bf16* w, int64_t n0,
+SGLANG_DFLASH_AVX2 void rows_tiled(const float* x, int64_t M, const bf16* w, int64_t n0,
                                                     int64_t n1, int64_t K, const bf16* b, bf16* y, int64_t N,
                                                     float* wt) {
   int64_t n = n0;
@@ -149,16 +148,13 @@ __attribute__((target("avx2,fma"))) void rows_tiled(const float* x, int64_t M, c
   tile_scalar(x, M, w, n, n1, K, b, y, N);
 }
 
-// GCC 12's _mm512_reduce_add_ps reads an _mm512_undefined_ps() on purpose; -Werror would stop it.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+SGLANG_DFLASH_AVX512_WARNINGS_BEGIN
 // Native bf16 dot products (AVX512-BF16): vdpbf16ps multiplies 32 bf16 pairs exactly and adds them
 // into 16 fp32 lanes, so neither x nor W is widened. A block is MR x rows against NR W rows, 32 k a
 // step, MR * NR accumulators; the W rows stream from memory once (prefetched into L2 as above) and
 // every x row of the block reuses them from registers. K % 32 == 0.
 template <int MR, int NR>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void dp_block(const bf16* x, int64_t K,
+SGLANG_DFLASH_AVX512BF16 inline void dp_block(const bf16* x, int64_t K,
                                                                            const bf16* w, int64_t n,
                                                                            const bf16* b, bf16* y, int64_t N) {
   __m512 acc[MR][NR];
@@ -186,7 +182,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void dp_block(cons
 // One thread, the embedded target's GEMMs a step (a standalone loop of these blocks): 13.1 ms at
 // 1 row, 12.4 at 2-3, 14.3 at 4, 17.1 at 8, 29.2 at 16, against 26.5 / 27 / 36 / 66 / 99 for the AVX2
 // path with its old L1 prefetch.
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_dp(const bf16* x, int64_t M, const bf16* w,
+SGLANG_DFLASH_AVX512BF16 void rows_dp(const bf16* x, int64_t M, const bf16* w,
                                                                     int64_t n0, int64_t n1, int64_t K,
                                                                     const bf16* b, bf16* y, int64_t N) {
   int64_t n = n0;
@@ -200,7 +196,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_dp(const bf16* 
     for (int64_t m = 0; m < M; ++m) dp_block<1, 1>(x + m * K, K, w, n, b, y + m * N, N);
 }
 
-#pragma GCC diagnostic pop
+SGLANG_DFLASH_AVX512_WARNINGS_END
 
 #endif
 
@@ -216,7 +212,7 @@ at::Tensor bf16_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
   const at::Tensor w = weight.contiguous();
   const at::Tensor x2 = x.reshape({-1, K});
   const int64_t M = x2.size(0);
-#ifdef DFLASH_X86
+#if defined(__x86_64__)
   const bool dp = has_avx512_bf16() && K % 32 == 0;
 #else
   const bool dp = false;
@@ -244,7 +240,7 @@ at::Tensor bf16_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
   const int64_t tiles = (N + NS - 1) / NS;  // work split in 8-row tiles (both paths tile by 8 or 4)
   at::parallel_for(0, tiles, 16, [&](int64_t t0, int64_t t1) {
     const int64_t n0 = t0 * NS, n1 = std::min(N, t1 * NS);
-#ifdef DFLASH_X86
+#if defined(__x86_64__)
     if (dp) {
       rows_dp(xb.data_ptr<bf16>(), M, wp, n0, n1, K, bp, yp, N);
       return;

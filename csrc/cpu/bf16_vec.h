@@ -8,18 +8,17 @@
 #include <ATen/ATen.h>
 #include <immintrin.h>
 
+#include "cpu/cpu_features.h"
+
 namespace sglang_dflash {
 namespace avx512 {
 
 using bf16 = at::BFloat16;
 
-// GCC 12's AVX-512 intrinsics pass an _mm512_undefined_*() on purpose; -Werror would stop them.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+SGLANG_DFLASH_AVX512_WARNINGS_BEGIN
 
 // The 16 bf16 bit patterns c10's float -> bf16 gives v's lanes, in the low halves of 32-bit lanes.
-__attribute__((target("avx512f"))) inline __m512i to_bf16_bits(__m512 v) {
+SGLANG_DFLASH_AVX512 inline __m512i to_bf16_bits(__m512 v) {
   const __m512i b = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
   const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
@@ -27,20 +26,20 @@ __attribute__((target("avx512f"))) inline __m512i to_bf16_bits(__m512 v) {
 }
 
 // v rounded to bf16 and widened back: what float(bf16(x)) gives each lane.
-__attribute__((target("avx512f"))) inline __m512 round_bf16(__m512 v) {
+SGLANG_DFLASH_AVX512 inline __m512 round_bf16(__m512 v) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(to_bf16_bits(v), 16));
 }
 
-__attribute__((target("avx512f"))) inline void store_bf16(bf16* p, __m512 v) {
+SGLANG_DFLASH_AVX512 inline void store_bf16(bf16* p, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(to_bf16_bits(v)));
 }
 
-__attribute__((target("avx512f"))) inline __m512 load_bf16(const bf16* p) {
+SGLANG_DFLASH_AVX512 inline __m512 load_bf16(const bf16* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-#pragma GCC diagnostic pop
+SGLANG_DFLASH_AVX512_WARNINGS_END
 
 }  // namespace avx512
 }  // namespace sglang_dflash

@@ -47,10 +47,7 @@ namespace {
 }  // namespace scalar
 
 #if defined(__x86_64__)
-// GCC 12's _mm512_reduce_add_ps reads an _mm512_undefined_ps() on purpose; -Werror would stop it.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+SGLANG_DFLASH_AVX512_WARNINGS_BEGIN
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512bf16,avx2,fma")
 namespace avx512 {
@@ -60,7 +57,7 @@ namespace {
 }  // namespace
 }  // namespace avx512
 #pragma GCC pop_options
-#pragma GCC diagnostic pop
+SGLANG_DFLASH_AVX512_WARNINGS_END
 #endif
 
 // q [bs*B, H, D]; k_cache, v_cache [S, Hkv, D] (q's dtype: float32 or bfloat16); slots [bs, T] int64

@@ -16,6 +16,21 @@
 #include <cpuid.h>
 #endif
 
+// The compile target of each level's kernels: one attribute per level, on every function built for it
+// (the function runs only where isa_level() reaches that level). chain_attention_cpu.cpp instead
+// compiles one kernel body per level under `#pragma GCC target` (its generic body has no intrinsics).
+#define SGLANG_DFLASH_AVX2 __attribute__((target("avx2,fma")))
+#define SGLANG_DFLASH_AVX512 __attribute__((target("avx512f")))
+#define SGLANG_DFLASH_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+// Around AVX-512 code: GCC 12's AVX-512 intrinsics pass an _mm512_undefined_*() on purpose (and
+// _mm512_reduce_add_ps reads one); -Werror would stop them.
+#define SGLANG_DFLASH_AVX512_WARNINGS_BEGIN \
+  _Pragma("GCC diagnostic push")                             \
+      _Pragma("GCC diagnostic ignored \"-Wuninitialized\"") \
+          _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+#define SGLANG_DFLASH_AVX512_WARNINGS_END _Pragma("GCC diagnostic pop")
+
 namespace sglang_dflash {
 
 enum IsaLevel : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3, kAmx = 4 };

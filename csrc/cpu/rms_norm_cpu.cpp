@@ -23,13 +23,10 @@ namespace {
 #if defined(__x86_64__)
 using avx512::load_bf16;
 using avx512::store_bf16;
-// GCC 12's AVX-512 intrinsics pass an _mm512_undefined_*() on purpose; -Werror would stop them.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+SGLANG_DFLASH_AVX512_WARNINGS_BEGIN
 
 // The widen loop below over n elements (a multiple of 16), 16 lanes a step.
-__attribute__((target("avx512f"))) void widen16(const bf16* xp, const bf16* rp, bf16* rop, float* sp, float* qp,
+SGLANG_DFLASH_AVX512 void widen16(const bf16* xp, const bf16* rp, bf16* rop, float* sp, float* qp,
                                                 int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
     __m512 v = load_bf16(xp + i);
@@ -43,12 +40,12 @@ __attribute__((target("avx512f"))) void widen16(const bf16* xp, const bf16* rp, 
 }
 
 // One row of the scale loop below (H a multiple of 16), a bf16 weight.
-__attribute__((target("avx512f"))) void scale16(const float* s, float r, const bf16* w, int64_t H, bf16* o) {
+SGLANG_DFLASH_AVX512 void scale16(const float* s, float r, const bf16* w, int64_t H, bf16* o) {
   const __m512 rv = _mm512_set1_ps(r);
   for (int64_t h = 0; h < H; h += 16)
     store_bf16(o + h, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(s + h), rv), load_bf16(w + h)));
 }
-#pragma GCC diagnostic pop
+SGLANG_DFLASH_AVX512_WARNINGS_END
 #endif
 
 bool use_avx512(int64_t H) { return has_avx512f() && H % 16 == 0; }

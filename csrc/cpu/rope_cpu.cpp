@@ -42,13 +42,11 @@ void rotate(const bf16* x, int64_t xs, bf16* out, int64_t t, int64_t heads, int6
 using avx512::load_bf16;
 using avx512::round_bf16;
 using avx512::store_bf16;
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+SGLANG_DFLASH_AVX512_WARNINGS_BEGIN
 
 // rotate for the neox style with half a multiple of 16, 16 pairs a step: the same products, sums and
 // roundings lane by lane (a served 4-row verify of 32 requests spent ~10 ms a step in the scalar loop).
-__attribute__((target("avx512f"))) void rotate16(const bf16* x, int64_t xs, bf16* out, int64_t t, int64_t heads,
+SGLANG_DFLASH_AVX512 void rotate16(const bf16* x, int64_t xs, bf16* out, int64_t t, int64_t heads,
                                                  int64_t head_size, int64_t rd, const float* cs) {
   const int64_t half = rd / 2;
   for (int64_t h = 0; h < heads; ++h) {
@@ -65,13 +63,13 @@ __attribute__((target("avx512f"))) void rotate16(const bf16* x, int64_t xs, bf16
 }
 
 // One position's cos | sin row as the rotation reads it: rounded to bf16 (exact for a bf16 cache).
-__attribute__((target("avx512f"))) void cos_sin16(const float* row, float* out, int64_t n) {
+SGLANG_DFLASH_AVX512 void cos_sin16(const float* row, float* out, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(out + i, round_bf16(_mm512_loadu_ps(row + i)));
 }
-__attribute__((target("avx512f"))) void cos_sin16(const bf16* row, float* out, int64_t n) {
+SGLANG_DFLASH_AVX512 void cos_sin16(const bf16* row, float* out, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(out + i, load_bf16(row + i));
 }
-#pragma GCC diagnostic pop
+SGLANG_DFLASH_AVX512_WARNINGS_END
 #endif
 
 }  // namespace
