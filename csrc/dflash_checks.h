@@ -22,8 +22,8 @@ inline void check_write_draft_kv_args(const at::Tensor& k, const at::Tensor& v, 
     TORCH_CHECK(t->device() == k.device(), "write_draft_kv: all tensors must be on ", k.device(), ", got one on ",
                 t->device());
   TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes(), "write_draft_kv: k, v must be [L, T, Hkv, D] alike");
-  TORCH_CHECK(v.scalar_type() == k.scalar_type(), "write_draft_kv: k and v dtypes differ (", k.scalar_type(),
-              " vs ", v.scalar_type(), ")");
+  TORCH_CHECK(v.scalar_type() == k.scalar_type(), "write_draft_kv: k and v dtypes differ (", k.scalar_type(), " vs ",
+              v.scalar_type(), ")");
   TORCH_CHECK(kc.dim() == 4 && vc.sizes() == kc.sizes(), "write_draft_kv: caches must be [L, S, Hkv, D] alike");
   TORCH_CHECK(vc.scalar_type() == kc.scalar_type(), "write_draft_kv: k_cache and v_cache dtypes differ (",
               kc.scalar_type(), " vs ", vc.scalar_type(), ")");
@@ -37,8 +37,9 @@ inline void check_write_draft_kv_args(const at::Tensor& k, const at::Tensor& v, 
   TORCH_CHECK(pos.numel() == k.size(1) && slots.numel() == k.size(1), "write_draft_kv: positions/slots must be [T]");
   TORCH_CHECK(pos.scalar_type() == at::kLong && slots.scalar_type() == at::kLong,
               "write_draft_kv: positions and slots must be int64");
-  TORCH_CHECK(k.is_contiguous() && v.is_contiguous() && kc.is_contiguous() && vc.is_contiguous() &&
-              w.is_contiguous() && cs.is_contiguous(), "write_draft_kv: tensors must be contiguous");
+  TORCH_CHECK(k.is_contiguous() && v.is_contiguous() && kc.is_contiguous() && vc.is_contiguous() && w.is_contiguous() &&
+                  cs.is_contiguous(),
+              "write_draft_kv: tensors must be contiguous");
 }
 
 // draft, target int64 [bs, B]; prefix_lens, budget int64 [bs]; stop_ids int64 [bs, S].

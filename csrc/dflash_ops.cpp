@@ -15,13 +15,15 @@ namespace sglang_dflash {
 namespace {
 
 template <typename out_t>
-inline out_t store_cast(float x) { return static_cast<out_t>(x); }
+inline out_t store_cast(float x) {
+  return static_cast<out_t>(x);
+}
 
 // One (layer, token): k_norm + RoPE on every head of K, store K and V at the slot.
 template <typename in_t, typename cache_t>
-void write_one(const in_t* k, const in_t* v, const float* w, const float* cos, const float* sin,
-               cache_t* kc, cache_t* vc, int64_t heads, int64_t dim, double eps, bool neox,
-               float inv_scale, std::vector<float>& buf) {
+void write_one(const in_t* k, const in_t* v, const float* w, const float* cos, const float* sin, cache_t* kc,
+               cache_t* vc, int64_t heads, int64_t dim, double eps, bool neox, float inv_scale,
+               std::vector<float>& buf) {
   const int64_t half = dim / 2;
   for (int64_t h = 0; h < heads; ++h) {
     const in_t* kh = k + h * dim;
@@ -71,9 +73,8 @@ void write_draft_kv_cpu(const at::Tensor& k, const at::Tensor& v, const at::Tens
           const int64_t l = i / T, t = i % T;
           const int64_t src = (l * T + t) * H * D, dst = (l * S + slot[t]) * H * D;
           const float* cs = csp + pos[t] * D;
-          write_one<in_t, cache_t>(k.data_ptr<in_t>() + src, v.data_ptr<in_t>() + src,
-                                   w.data_ptr<float>() + l * D, cs, cs + D / 2, kc0 + dst, vc0 + dst, H, D,
-                                   eps, neox, inv_scale, buf);
+          write_one<in_t, cache_t>(k.data_ptr<in_t>() + src, v.data_ptr<in_t>() + src, w.data_ptr<float>() + l * D, cs,
+                                   cs + D / 2, kc0 + dst, vc0 + dst, H, D, eps, neox, inv_scale, buf);
         }
       });
     };
@@ -81,9 +82,7 @@ void write_draft_kv_cpu(const at::Tensor& k, const at::Tensor& v, const at::Tens
       case at::kFloat: run(k_cache.data_ptr<float>(), v_cache.data_ptr<float>()); break;
       case at::kBFloat16: run(k_cache.data_ptr<at::BFloat16>(), v_cache.data_ptr<at::BFloat16>()); break;
       case at::kHalf: run(k_cache.data_ptr<at::Half>(), v_cache.data_ptr<at::Half>()); break;
-      case at::kFloat8_e4m3fn:
-        run(k_cache.data_ptr<at::Float8_e4m3fn>(), v_cache.data_ptr<at::Float8_e4m3fn>());
-        break;
+      case at::kFloat8_e4m3fn: run(k_cache.data_ptr<at::Float8_e4m3fn>(), v_cache.data_ptr<at::Float8_e4m3fn>()); break;
       default: TORCH_CHECK(false, "write_draft_kv: unsupported cache dtype ", k_cache.scalar_type());
     }
   });
@@ -112,9 +111,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_ve
       for (int64_t j = 0; j < c; ++j) {
         bool stop = false;
         for (int64_t s = 0; s < S; ++s) stop |= (sp[i * S + s] == ti[j]);
-        if (stop) { c = j + 1; break; }
+        if (stop) {
+          c = j + 1;
+          break;
+        }
       }
-      ap[i] = a; op[i] = ti[c - 1]; cp[i] = c; qp[i] = pp[i] + c;
+      ap[i] = a;
+      op[i] = ti[c - 1];
+      cp[i] = c;
+      qp[i] = pp[i] + c;
       for (int64_t j = 0; j < c; ++j) xp[i * B + j] = ti[j];
     }
   });
@@ -125,23 +130,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_ve
 std::tuple<int64_t, int64_t> cpu_isa() { return {isa_level(), detected_isa()}; }
 
 TORCH_LIBRARY(sglang_dflash, m) {
-  m.def("write_draft_kv(Tensor k, Tensor v, Tensor k_norm_weight, Tensor cos_sin_cache, Tensor positions, "
-        "Tensor slots, Tensor(a!) k_cache, Tensor(b!) v_cache, float eps, bool neox, float kv_scale) -> ()");
-  m.def("linear_verify_accept(Tensor draft, Tensor target, Tensor prefix_lens, Tensor budget, Tensor stop_ids) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "write_draft_kv(Tensor k, Tensor v, Tensor k_norm_weight, Tensor cos_sin_cache, Tensor positions, "
+      "Tensor slots, Tensor(a!) k_cache, Tensor(b!) v_cache, float eps, bool neox, float kv_scale) -> ()");
+  m.def(
+      "linear_verify_accept(Tensor draft, Tensor target, Tensor prefix_lens, Tensor budget, Tensor stop_ids) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("bf16_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");  // CPU only: bf16_linear_cpu.cpp
   m.def("pack_linear(Tensor weight, int rows) -> bool");  // CPU only: packed_linear_cpu.cpp
   m.def("unpack_linears() -> int");
   m.def("packed_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
-  m.def("rope_qk(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, bool neox) "
-        "-> (Tensor, Tensor)");  // CPU only: rope_cpu.cpp
-  m.def("chain_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor prefix, float scale, "
-        "bool causal) -> Tensor");  // CPU only: chain_attention_cpu.cpp
-  m.def("rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)");  // CPU only: rms_norm_cpu.cpp
-  m.def("llama_layer(Tensor h, Tensor? residual, Tensor positions, Tensor ln1, Tensor qkv_w, Tensor? qkv_b, "
-        "Tensor o_w, Tensor ln2, Tensor gate_up_w, Tensor down_w, Tensor cos_sin_cache, Tensor(a!) k_cache, "
-        "Tensor(b!) v_cache, Tensor out_loc, Tensor slots, Tensor prefix, int num_heads, int num_kv_heads, "
-        "int head_size, float eps, float scale, bool neox, int gemm_rows) -> (Tensor, Tensor, Tensor)");  // CPU only: llama_layer_cpu.cpp
+  // CPU only: rope_cpu.cpp
+  m.def(
+      "rope_qk(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, bool neox) "
+      "-> (Tensor, Tensor)");
+  // CPU only: chain_attention_cpu.cpp
+  m.def(
+      "chain_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, Tensor prefix, float scale, "
+      "bool causal) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps) -> (Tensor, Tensor)");  // CPU only
+  // CPU only: llama_layer_cpu.cpp
+  m.def(
+      "llama_layer(Tensor h, Tensor? residual, Tensor positions, Tensor ln1, Tensor qkv_w, Tensor? qkv_b, "
+      "Tensor o_w, Tensor ln2, Tensor gate_up_w, Tensor down_w, Tensor cos_sin_cache, Tensor(a!) k_cache, "
+      "Tensor(b!) v_cache, Tensor out_loc, Tensor slots, Tensor prefix, int num_heads, int num_kv_heads, "
+      "int head_size, float eps, float scale, bool neox, int gemm_rows) -> (Tensor, Tensor, Tensor)");
   m.def("cpu_isa() -> (int, int)");
 }
 

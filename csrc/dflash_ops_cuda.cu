@@ -64,17 +64,17 @@ __global__ void write_draft_kv_kernel(const in_t* __restrict__ k, const in_t* __
 
 template <typename in_t, typename cache_t>
 void launch_write(const at::Tensor& k, const at::Tensor& v, const at::Tensor& w, const at::Tensor& cs,
-                  const at::Tensor& pos, const at::Tensor& slots, at::Tensor& kc, at::Tensor& vc, double eps,
-                  bool neox, float inv_scale) {
+                  const at::Tensor& pos, const at::Tensor& slots, at::Tensor& kc, at::Tensor& vc, double eps, bool neox,
+                  float inv_scale) {
   const int64_t L = k.size(0), T = k.size(1), H = k.size(2), D = k.size(3), S = kc.size(1);
   const dim3 grid(T, L);
   const int threads = 32 * static_cast<int>(std::min<int64_t>(H, 8));
   auto stream = c10::cuda::getCurrentCUDAStream();
-#define DFLASH_LAUNCH(E_)                                                                                 \
-  write_draft_kv_kernel<in_t, cache_t, E_><<<grid, threads, 0, stream>>>(                                 \
-      k.data_ptr<in_t>(), v.data_ptr<in_t>(), w.data_ptr<float>(), cs.data_ptr<float>(),                  \
-      pos.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), kc.data_ptr<cache_t>(), vc.data_ptr<cache_t>(), \
-      T, S, H, static_cast<float>(eps), neox, inv_scale)
+#define DFLASH_LAUNCH(E_)                                                                                          \
+  write_draft_kv_kernel<in_t, cache_t, E_><<<grid, threads, 0, stream>>>(                                          \
+      k.data_ptr<in_t>(), v.data_ptr<in_t>(), w.data_ptr<float>(), cs.data_ptr<float>(), pos.data_ptr<int64_t>(),  \
+      slots.data_ptr<int64_t>(), kc.data_ptr<cache_t>(), vc.data_ptr<cache_t>(), T, S, H, static_cast<float>(eps), \
+      neox, inv_scale)
   switch (D) {
     case 64: DFLASH_LAUNCH(2); break;
     case 128: DFLASH_LAUNCH(4); break;
@@ -87,8 +87,8 @@ void launch_write(const at::Tensor& k, const at::Tensor& v, const at::Tensor& w,
 
 __global__ void accept_kernel(const int64_t* __restrict__ draft, const int64_t* __restrict__ target,
                               const int64_t* __restrict__ prefix, const int64_t* __restrict__ budget,
-                              const int64_t* __restrict__ stops, int64_t bs, int64_t B, int64_t S,
-                              int64_t* accept, int64_t* bonus, int64_t* commit, int64_t* seq, int64_t* out) {
+                              const int64_t* __restrict__ stops, int64_t bs, int64_t B, int64_t S, int64_t* accept,
+                              int64_t* bonus, int64_t* commit, int64_t* seq, int64_t* out) {
   const int64_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= bs) return;
   const int64_t* d = draft + i * B;
@@ -129,10 +129,18 @@ void write_draft_kv_cuda(const at::Tensor& k, const at::Tensor& v, const at::Ten
   const float inv_scale = fp8 ? static_cast<float>(1.0 / kv_scale) : 1.f;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "write_draft_kv_cuda", [&] {
     switch (k_cache.scalar_type()) {
-      case at::kFloat: launch_write<scalar_t, float>(k, v, w, cs, pos, slot, k_cache, v_cache, eps, neox, inv_scale); break;
-      case at::kBFloat16: launch_write<scalar_t, at::BFloat16>(k, v, w, cs, pos, slot, k_cache, v_cache, eps, neox, inv_scale); break;
-      case at::kHalf: launch_write<scalar_t, at::Half>(k, v, w, cs, pos, slot, k_cache, v_cache, eps, neox, inv_scale); break;
-      case at::kFloat8_e4m3fn: launch_write<scalar_t, at::Float8_e4m3fn>(k, v, w, cs, pos, slot, k_cache, v_cache, eps, neox, inv_scale); break;
+      case at::kFloat:
+        launch_write<scalar_t, float>(k, v, w, cs, pos, slot, k_cache, v_cache, eps, neox, inv_scale);
+        break;
+      case at::kBFloat16:
+        launch_write<scalar_t, at::BFloat16>(k, v, w, cs, pos, slot, k_cache, v_cache, eps, neox, inv_scale);
+        break;
+      case at::kHalf:
+        launch_write<scalar_t, at::Half>(k, v, w, cs, pos, slot, k_cache, v_cache, eps, neox, inv_scale);
+        break;
+      case at::kFloat8_e4m3fn:
+        launch_write<scalar_t, at::Float8_e4m3fn>(k, v, w, cs, pos, slot, k_cache, v_cache, eps, neox, inv_scale);
+        break;
       default: TORCH_CHECK(false, "write_draft_kv: unsupported cache dtype ", k_cache.scalar_type());
     }
   });

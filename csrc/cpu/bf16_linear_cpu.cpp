@@ -36,8 +36,8 @@ constexpr int64_t NS = 8;  // W rows per tile of the one-row (decode) path, and 
 inline float widen(bf16 v) { return static_cast<float>(v); }
 
 // Portable path (and the tails): plain fp32 dot products.
-void tile_scalar(const float* x, int64_t M, const bf16* w, int64_t n0, int64_t n1, int64_t K, const bf16* b,
-                 bf16* y, int64_t N) {
+void tile_scalar(const float* x, int64_t M, const bf16* w, int64_t n0, int64_t n1, int64_t K, const bf16* b, bf16* y,
+                 int64_t N) {
   for (int64_t n = n0; n < n1; ++n) {
     const bf16* wr = w + n * K;
     for (int64_t m = 0; m < M; ++m) {
@@ -69,8 +69,8 @@ SGLANG_DFLASH_AVX2 inline float hsum(__m256 v) {
 // until its line arrives, which capped one core's stream at ~10 GB/s; into L2 it streams at ~23 GB/s,
 // this core's read bandwidth (one row over the embedded target's 269 MB: 26.5 -> 11.5 ms a step,
 // a standalone C loop on the AVX512-BF16 host). K % 8 == 0 (the 32-step tail runs 8 at a time).
-SGLANG_DFLASH_AVX2 void rows_stream(const float* x, int64_t M, const bf16* w, int64_t n0,
-                                                     int64_t n1, int64_t K, const bf16* b, bf16* y, int64_t N) {
+SGLANG_DFLASH_AVX2 void rows_stream(const float* x, int64_t M, const bf16* w, int64_t n0, int64_t n1, int64_t K,
+                                    const bf16* b, bf16* y, int64_t N) {
   int64_t n = n0;
   for (; n + 2 <= n1; n += 2) {
     const bf16 *r0 = w + n * K, *r1 = r0 + K;
@@ -107,9 +107,8 @@ SGLANG_DFLASH_AVX2 void rows_stream(const float* x, int64_t M, const bf16* w, in
 }
 
 // Verify shapes: 4 W rows widened once into `wt` [NB, K], then MB x rows against them. K % 8 == 0.
-SGLANG_DFLASH_AVX2 void rows_tiled(const float* x, int64_t M, const bf16* w, int64_t n0,
-                                                    int64_t n1, int64_t K, const bf16* b, bf16* y, int64_t N,
-                                                    float* wt) {
+SGLANG_DFLASH_AVX2 void rows_tiled(const float* x, int64_t M, const bf16* w, int64_t n0, int64_t n1, int64_t K,
+                                   const bf16* b, bf16* y, int64_t N, float* wt) {
   int64_t n = n0;
   for (; n + NB <= n1; n += NB) {
     for (int64_t j = 0; j < NB; ++j)
@@ -154,9 +153,8 @@ SGLANG_DFLASH_AVX512_WARNINGS_BEGIN
 // step, MR * NR accumulators; the W rows stream from memory once (prefetched into L2 as above) and
 // every x row of the block reuses them from registers. K % 32 == 0.
 template <int MR, int NR>
-SGLANG_DFLASH_AVX512BF16 inline void dp_block(const bf16* x, int64_t K,
-                                                                           const bf16* w, int64_t n,
-                                                                           const bf16* b, bf16* y, int64_t N) {
+SGLANG_DFLASH_AVX512BF16 inline void dp_block(const bf16* x, int64_t K, const bf16* w, int64_t n, const bf16* b,
+                                              bf16* y, int64_t N) {
   __m512 acc[MR][NR];
   for (auto& row : acc)
     for (auto& v : row) v = _mm512_setzero_ps();
@@ -173,8 +171,7 @@ SGLANG_DFLASH_AVX512BF16 inline void dp_block(const bf16* x, int64_t K,
     }
   }
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j)
-      y[i * N + n + j] = bf16(_mm512_reduce_add_ps(acc[i][j]) + (b ? widen(b[n + j]) : 0.f));
+    for (int j = 0; j < NR; ++j) y[i * N + n + j] = bf16(_mm512_reduce_add_ps(acc[i][j]) + (b ? widen(b[n + j]) : 0.f));
 }
 
 // Rows n0..n1 of W against all M x rows: 4 W rows at a time; up to 3 x rows one by one (the 4 W rows
@@ -182,9 +179,8 @@ SGLANG_DFLASH_AVX512BF16 inline void dp_block(const bf16* x, int64_t K,
 // One thread, the embedded target's GEMMs a step (a standalone loop of these blocks): 13.1 ms at
 // 1 row, 12.4 at 2-3, 14.3 at 4, 17.1 at 8, 29.2 at 16, against 26.5 / 27 / 36 / 66 / 99 for the AVX2
 // path with its old L1 prefetch.
-SGLANG_DFLASH_AVX512BF16 void rows_dp(const bf16* x, int64_t M, const bf16* w,
-                                                                    int64_t n0, int64_t n1, int64_t K,
-                                                                    const bf16* b, bf16* y, int64_t N) {
+SGLANG_DFLASH_AVX512BF16 void rows_dp(const bf16* x, int64_t M, const bf16* w, int64_t n0, int64_t n1, int64_t K,
+                                      const bf16* b, bf16* y, int64_t N) {
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) {
     int64_t m = 0;

@@ -74,8 +74,8 @@ at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, c
               "chain_attention: q, k_cache and v_cache must share one dtype, float32 or bfloat16, got ",
               q.scalar_type(), ", ", k_cache.scalar_type(), ", ", v_cache.scalar_type());
   const int64_t N = q.size(0), H = q.size(1), D = q.size(2), S = k_cache.size(0), Hkv = k_cache.size(1);
-  TORCH_CHECK(k_cache.size(2) == D && Hkv > 0 && H % Hkv == 0, "chain_attention: head dim ", k_cache.size(2),
-              " vs ", D, " or heads ", H, " not a multiple of KV heads ", Hkv);
+  TORCH_CHECK(k_cache.size(2) == D && Hkv > 0 && H % Hkv == 0, "chain_attention: head dim ", k_cache.size(2), " vs ", D,
+              " or heads ", H, " not a multiple of KV heads ", Hkv);
   TORCH_CHECK(slots.dim() == 2 && slots.scalar_type() == at::kLong && prefix.dim() == 1 &&
                   prefix.scalar_type() == at::kLong && prefix.size(0) == slots.size(0),
               "chain_attention: slots must be [bs, T] int64 and prefix [bs] int64, got ", slots.sizes(), " ",
@@ -88,8 +88,8 @@ at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, c
   const at::Tensor sl = slots.contiguous(), pre = prefix.contiguous();
   const int64_t *sp = sl.data_ptr<int64_t>(), *pp = pre.data_ptr<int64_t>();
   for (int64_t i = 0; i < bs; ++i) {  // bounds once, so the kernel reads only valid rows
-    TORCH_CHECK(pp[i] >= 0 && pp[i] + B <= T, "chain_attention: request ", i, " prefix ", pp[i], " + ", B,
-                " rows > ", T, " slot columns");
+    TORCH_CHECK(pp[i] >= 0 && pp[i] + B <= T, "chain_attention: request ", i, " prefix ", pp[i], " + ", B, " rows > ",
+                T, " slot columns");
     for (int64_t j = 0; j < pp[i] + B; ++j)
       TORCH_CHECK(sp[i * T + j] >= 0 && sp[i * T + j] < S, "chain_attention: slot ", sp[i * T + j],
                   " outside the cache's ", S, " rows");
@@ -101,7 +101,8 @@ at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, c
   // KV head): 6 rows a pass, so 12 rows walk the keys twice, not three times (the registers hold 6).
   [[maybe_unused]] const bool wide = B * (H / Hkv) > 4;
   // bf16 on native bf16 dot products where the CPU has them (head dims of 32, 64, 128)
-  [[maybe_unused]] const bool dp = has_avx512_bf16() && q.scalar_type() == at::kBFloat16 && (D == 32 || D == 64 || D == 128);
+  [[maybe_unused]] const bool dp =
+      has_avx512_bf16() && q.scalar_type() == at::kBFloat16 && (D == 32 || D == 64 || D == 128);
   auto run = [&](auto* tag) {  // float32 or bfloat16 only (checked above): no kernel for other dtypes
     using scalar_t = std::remove_pointer_t<decltype(tag)>;
     const scalar_t *qp = qc.data_ptr<scalar_t>(), *kp = kc.data_ptr<scalar_t>(), *vp = vc.data_ptr<scalar_t>();
@@ -121,8 +122,9 @@ at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, c
         if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
 #if defined(__x86_64__)
           if (dp) {
-            const auto f = D == 32 ? avx512::attend_dp<2> : D == 64 ? (wide ? avx512::attend_dp<4, 6> : avx512::attend_dp<4>)
-                                                                    : avx512::attend_dp<8>;
+            const auto f = D == 32   ? avx512::attend_dp<2>
+                           : D == 64 ? (wide ? avx512::attend_dp<4, 6> : avx512::attend_dp<4>)
+                                     : avx512::attend_dp<8>;
             f(qp, kp, vp, sp + i * T, pp[i], B, H, Hkv, i, w % Hkv, sc, causal, op);
             continue;
           }

@@ -25,10 +25,9 @@
 
 // Around AVX-512 code: GCC 12's AVX-512 intrinsics pass an _mm512_undefined_*() on purpose (and
 // _mm512_reduce_add_ps reads one); -Werror would stop them.
-#define SGLANG_DFLASH_AVX512_WARNINGS_BEGIN \
-  _Pragma("GCC diagnostic push")                             \
-      _Pragma("GCC diagnostic ignored \"-Wuninitialized\"") \
-          _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+#define SGLANG_DFLASH_AVX512_WARNINGS_BEGIN                                            \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wuninitialized\"") \
+      _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
 #define SGLANG_DFLASH_AVX512_WARNINGS_END _Pragma("GCC diagnostic pop")
 
 namespace sglang_dflash {

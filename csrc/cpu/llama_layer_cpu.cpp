@@ -51,12 +51,12 @@ void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& out_lo
 // (h_out [T, hidden], the residual after the input norm's add (the layer input the model's aux
 //  capture takes), the residual after the post-attention norm's add (the next layer's residual)).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> llama_layer_cpu(
-    const at::Tensor& h, const c10::optional<at::Tensor>& residual, const at::Tensor& positions,
-    const at::Tensor& ln1, const at::Tensor& qkv_w, const c10::optional<at::Tensor>& qkv_b, const at::Tensor& o_w,
-    const at::Tensor& ln2, const at::Tensor& gate_up_w, const at::Tensor& down_w, const at::Tensor& cos_sin_cache,
-    at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& out_loc, const at::Tensor& slots,
-    const at::Tensor& prefix, int64_t num_heads, int64_t num_kv_heads, int64_t head_size, double eps, double scale,
-    bool neox, int64_t gemm_rows) {
+    const at::Tensor& h, const c10::optional<at::Tensor>& residual, const at::Tensor& positions, const at::Tensor& ln1,
+    const at::Tensor& qkv_w, const c10::optional<at::Tensor>& qkv_b, const at::Tensor& o_w, const at::Tensor& ln2,
+    const at::Tensor& gate_up_w, const at::Tensor& down_w, const at::Tensor& cos_sin_cache, at::Tensor& k_cache,
+    at::Tensor& v_cache, const at::Tensor& out_loc, const at::Tensor& slots, const at::Tensor& prefix,
+    int64_t num_heads, int64_t num_kv_heads, int64_t head_size, double eps, double scale, bool neox,
+    int64_t gemm_rows) {
   TORCH_CHECK(h.dim() == 2 && h.scalar_type() == at::kBFloat16, "llama_layer: h must be [T, hidden] bfloat16, got ",
               h.sizes(), " ", h.scalar_type());
   TORCH_CHECK(k_cache.dim() == 3 && k_cache.size(1) == num_kv_heads && k_cache.size(2) == head_size &&
@@ -65,9 +65,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> llama_layer_cpu(
               "llama_layer: k_cache, v_cache must be [S, ", num_kv_heads, ", ", head_size, "] bfloat16, got ",
               k_cache.sizes(), " ", k_cache.scalar_type());
   const int64_t T = h.size(0), q_size = num_heads * head_size, kv_size = num_kv_heads * head_size;
-  TORCH_CHECK(qkv_w.size(0) == q_size + 2 * kv_size && out_loc.numel() == T,
-              "llama_layer: qkv weight rows ", qkv_w.size(0), " != ", q_size + 2 * kv_size, " or out_loc ",
-              out_loc.numel(), " != ", T, " tokens");
+  TORCH_CHECK(qkv_w.size(0) == q_size + 2 * kv_size && out_loc.numel() == T, "llama_layer: qkv weight rows ",
+              qkv_w.size(0), " != ", q_size + 2 * kv_size, " or out_loc ", out_loc.numel(), " != ", T, " tokens");
   const auto gemm = [&](const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
     return T <= gemm_rows ? sglang_dflash::bf16_linear_cpu(x, w, b) : sglang_dflash::packed_linear_cpu(x, w, b);
   };

@@ -26,8 +26,7 @@ using avx512::store_bf16;
 SGLANG_DFLASH_AVX512_WARNINGS_BEGIN
 
 // The widen loop below over n elements (a multiple of 16), 16 lanes a step.
-SGLANG_DFLASH_AVX512 void widen16(const bf16* xp, const bf16* rp, bf16* rop, float* sp, float* qp,
-                                                int64_t n) {
+SGLANG_DFLASH_AVX512 void widen16(const bf16* xp, const bf16* rp, bf16* rop, float* sp, float* qp, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
     __m512 v = load_bf16(xp + i);
     if (rop) {
@@ -62,8 +61,8 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_cpu(const at::Tensor& x, const c10::
   const bool add = residual.has_value();
   if (add) {
     TORCH_CHECK(residual->scalar_type() == at::kBFloat16 && residual->sizes() == x.sizes(),
-                "rms_norm: residual must be bfloat16 of x's shape ", x.sizes(), ", got ", residual->scalar_type(),
-                " ", residual->sizes());
+                "rms_norm: residual must be bfloat16 of x's shape ", x.sizes(), ", got ", residual->scalar_type(), " ",
+                residual->sizes());
   }
   const int64_t H = x.size(-1), T = H ? x.numel() / H : 0;
   const at::Tensor xc = x.contiguous(), rc = add ? residual->contiguous() : xc;

@@ -46,8 +46,8 @@ SGLANG_DFLASH_AVX512_WARNINGS_BEGIN
 
 // rotate for the neox style with half a multiple of 16, 16 pairs a step: the same products, sums and
 // roundings lane by lane (a served 4-row verify of 32 requests spent ~10 ms a step in the scalar loop).
-SGLANG_DFLASH_AVX512 void rotate16(const bf16* x, int64_t xs, bf16* out, int64_t t, int64_t heads,
-                                                 int64_t head_size, int64_t rd, const float* cs) {
+SGLANG_DFLASH_AVX512 void rotate16(const bf16* x, int64_t xs, bf16* out, int64_t t, int64_t heads, int64_t head_size,
+                                   int64_t rd, const float* cs) {
   const int64_t half = rd / 2;
   for (int64_t h = 0; h < heads; ++h) {
     const bf16* xi = x + t * xs + h * head_size;
@@ -82,12 +82,12 @@ std::tuple<at::Tensor, at::Tensor> rope_qk_cpu(const at::Tensor& positions, cons
   TORCH_CHECK(query.scalar_type() == at::kBFloat16 && key.scalar_type() == at::kBFloat16,
               "rope_qk: query and key must be bfloat16, got ", query.scalar_type(), " and ", key.scalar_type());
   TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.size(1) % 2 == 0 && cos_sin_cache.size(1) <= head_size,
-              "rope_qk: cos_sin_cache must be [max_pos, rotary_dim] with an even rotary_dim <= head_size ",
-              head_size, ", got ", cos_sin_cache.sizes());
+              "rope_qk: cos_sin_cache must be [max_pos, rotary_dim] with an even rotary_dim <= head_size ", head_size,
+              ", got ", cos_sin_cache.sizes());
   const int64_t T = positions.numel(), rd = cos_sin_cache.size(1);
-  TORCH_CHECK(T == 0 || (query.numel() % (T * head_size) == 0 && key.numel() % (T * head_size) == 0),
-              "rope_qk: query ", query.sizes(), " and key ", key.sizes(), " must hold ", T,
-              " tokens of whole heads of head_size ", head_size);
+  TORCH_CHECK(T == 0 || (query.numel() % (T * head_size) == 0 && key.numel() % (T * head_size) == 0), "rope_qk: query ",
+              query.sizes(), " and key ", key.sizes(), " must hold ", T, " tokens of whole heads of head_size ",
+              head_size);
   const at::Tensor pos = positions.reshape({-1}).to(at::kLong).contiguous();
   // cos/sin as bf16 torch sees them (`.to(x.dtype)`), widened back for the products: gathered and
   // rounded here for an fp32 or bf16 cache (SGLang's), through torch's ops for any other dtype.
