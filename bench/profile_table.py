@@ -95,7 +95,15 @@ def main() -> None:
             table = profile(path, log_dir, name, env)
             for (bs, w), ms in table.items():
                 rows.append(
-                    {**provenance.base_fields(prov), "arm": name, "env": env, "repeat": rep, "bs": bs, "width": w, "ms": ms}
+                    {
+                        **provenance.base_fields(prov),
+                        "arm": name,
+                        "env": env,
+                        "repeat": rep,
+                        "bs": bs,
+                        "width": w,
+                        "ms": ms,
+                    }
                 )
                 best[(name, bs, w)] = min(ms, best.get((name, bs, w), ms))
             print(name, rep, table, flush=True)
