@@ -35,15 +35,7 @@ def handle_dflash(original, server_args):
     cfg = resolving_view(server_args)
     if cfg.pp_size != 1:
         raise ValueError("DFLASH (sglang_dflash) supports --pp-size 1 only")
-    # Modes whose KV or batches bypass our worker's drafter context: refused before the model loads.
-    mode = getattr(cfg, "disaggregation_mode", "null")
-    for on, flag, why in (
-        (cfg.enable_hierarchical_cache, "--enable-hierarchical-cache", "its host-tier KV carries no drafter context"),
-        (mode not in (None, "null"), f"--disaggregation-mode {mode}", "the prefill side writes no drafter context"),
-        (cfg.enable_dp_attention, "--enable-dp-attention", "the worker drafts one attention group only"),
-    ):
-        if on:
-            raise ValueError(f"DFLASH (sglang_dflash) does not support {flag} ({why}): remove {flag.split()[0]}")
+    refuse_unsupported_modes(cfg)
     if cfg.speculative_draft_model_path is None:
         raise ValueError("DFLASH needs --speculative-draft-model-path (a DFlash drafter checkpoint)")
     if getattr(cfg, "grammar_backend", None) == "outlines":  # its grammars cannot roll back
@@ -64,6 +56,38 @@ def handle_dflash(original, server_args):
         decisions["max_running_requests"] = 48
     decisions.update(cpu_defaults(cfg.device))
     declare_resolution(server_args, "sglang_dflash", **decisions)
+
+
+def refuse_unsupported_modes(cfg) -> None:
+    """Modes whose KV or batches bypass our worker's drafter context, refused before the model loads.
+    SGLang has already folded --dp-size N --enable-dp-attention into attn_dp_size = N (and cleared
+    enable_dp_attention), so attention DP is read from the width, as SGLang's own predicate does."""
+    from sglang.srt.runtime_context import attn_dp_enabled_of
+
+    mode = getattr(cfg, "disaggregation_mode", "null")
+    dp_fix = "remove --enable-dp-attention / --attn-dp-size (replicas: --dp-size N alone)"
+    for on, flag, why, fix in (
+        (
+            cfg.enable_hierarchical_cache,
+            "--enable-hierarchical-cache",
+            "its host-tier KV carries no drafter context",
+            "remove --enable-hierarchical-cache",
+        ),
+        (
+            mode not in (None, "null"),
+            f"--disaggregation-mode {mode}",
+            "the prefill side writes no drafter context",
+            "remove --disaggregation-mode",
+        ),
+        (
+            attn_dp_enabled_of(cfg),
+            f"DP attention (--enable-dp-attention / --attn-dp-size {cfg.attn_dp_size})",
+            "the worker drafts one attention group only",
+            dp_fix,
+        ),
+    ):
+        if on:
+            raise ValueError(f"DFLASH (sglang_dflash) does not support {flag} ({why}): {fix}")
 
 
 def cpu_defaults(device) -> dict:
