@@ -26,7 +26,7 @@ def draft_step(w, req_pool_indices, prefix, slots, block_ids, positions, samplin
     rows = draft_rows(width, B, sel)
     slots, block_ids, positions = slots[:, :rows], block_ids[:, :rows], positions[:, :rows]
     k = None if sel is None else min(sel.top_k, w.vocab_size)
-    temps, noise, from_q = draft_sampling(sampling, k, B, PROPOSAL, block_ids.device)
+    temps, noise, from_q = draft_sampling(sampling, k, rows, PROPOSAL, block_ids.device)
     # host-known (SGLang's requests), so the draft step reads nothing back from the device
     sampled = None if sampling is None or sampling.sampled is None else temps is not None
     embed = w.model_runner.model.model.embed_tokens
