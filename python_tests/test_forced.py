@@ -40,7 +40,9 @@ def test_forced_acceptance_full_blocks(pair, width):
         hist = o["meta_info"]["spec_correct_drafts_histogram"]
         assert hist[W - 1] == steps - 1 and hist[W - 2] == 1 and sum(hist) == steps
     assert state["width_steps"] == {str(W): state["draft_steps"]}, state
-    assert state["threads"] == len(os.sched_getaffinity(0)), state  # cpu/cpu_threads.py: every core
+    # cpu/cpu_threads.py: every core (fewer only while the host is busy elsewhere, cpu/contention.py)
+    assert state["threads_chosen"] == len(os.sched_getaffinity(0)), state
+    assert state["threads"] == state["threads_chosen"] or state["thread_changes"] > 0, state
 
 
 @pytest.mark.server

@@ -10,7 +10,8 @@ sets its own thread count, the first of:
    OMP_NUM_THREADS=1 itself);
 2. OMP_NUM_THREADS, the user's own choice under a plain `sglang.launch_server`;
 3. the rank's cores (SGLang's SGLANG_CPU_OMP_THREADS_BIND or NUMA node), within the process's
-   affinity (taskset, cpusets) and the cgroup's CPU quota (a container's --cpus).
+   affinity (taskset, cpusets) and the cgroup's CPU quota (a container's --cpus); this count then
+   follows contention, fewer threads while other processes keep cores busy (cpu/contention.py).
 The log names which one applied.
 
 The GEMM and attention kernels are bit-identical at any thread count (test_bf16_linear.py,
@@ -25,9 +26,12 @@ import os
 from typing import Iterable, Mapping, Optional, Union
 
 from sglang_dflash import env
+from sglang_dflash.cpu import contention
 
 logger = logging.getLogger("sglang_dflash")
 CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+# Counts we chose, not the user: these follow contention (cpu/contention.py); an explicit count is kept.
+CHOSEN_BY_US = ("the rank's cores", "the cgroup's CPU quota")
 
 
 def usable_cores() -> set[int]:
@@ -102,8 +106,18 @@ def init_cpu_threads_env(original, *args, **kwargs):
     import torch
 
     bound = kwargs.get("local_omp_cpuid", args[0] if args else None)
-    n, why = thread_choice(bound, os.environ, usable_cores(), cpu_quota())
+    usable = usable_cores()
+    n, why = thread_choice(bound, os.environ, usable, cpu_quota())
     torch.set_num_threads(n)
+    follows = why in CHOSEN_BY_US and n > 1
+    if follows:
+        contention.install(n, cores_of(bound) & usable or usable)
     spin = os.environ.get("GOMP_SPINCOUNT", "libgomp's default")
-    logger.info("sglang_dflash: the forward runs on %d OpenMP thread(s), set by %s; GOMP_SPINCOUNT %s", n, why, spin)
+    logger.info(
+        "sglang_dflash: the forward runs on %d OpenMP thread(s), set by %s%s; GOMP_SPINCOUNT %s",
+        n,
+        why,
+        ", fewer while other processes keep cores busy (cpu/contention.py)" if follows else "",
+        spin,
+    )
     return out

@@ -34,7 +34,7 @@ from sglang_dflash.pipeline.draft import Proposal
 from sglang_dflash.pipeline.grammar_mask import apply_masks, chain_masks
 from sglang_dflash.pipeline.penalties import apply_penalties
 from sglang_dflash.pipeline.target_sampling import target_tokens
-from sglang_dflash.cpu import cpu_linear, llama_stack, packed_weights
+from sglang_dflash.cpu import contention, cpu_linear, llama_stack, packed_weights
 from sglang_dflash.srt import metrics as dflash_metrics, verify_widths
 from sglang_dflash.srt.draft_head import DraftHead
 from sglang_dflash.srt.draft_stage import draft_failed, draft_step
@@ -140,6 +140,7 @@ class DFlashWorker(BaseSpecWorker):
     def forward_batch_generation(
         self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None
     ) -> GenerationBatchResult:
+        contention.tick()
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             return self._prefill(batch, on_publish)
         if batch.spec_info is None:
@@ -162,6 +163,7 @@ class DFlashWorker(BaseSpecWorker):
             **graphs,
             **stack,
             "threads": torch.get_num_threads(),  # the forward's OpenMP threads (cpu/cpu_threads.py)
+            **contention.stats(),  # the count chosen and how often contention moved it
         }
 
     def _prefill(self, batch, on_publish):
