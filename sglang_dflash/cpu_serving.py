@@ -25,8 +25,8 @@ CPU_ENGINE_VAR = "SGLANG_USE_CPU_ENGINE"
 CPU_ENV = {"OMP_NUM_THREADS": "1", CPU_ENGINE_VAR: "1"}
 # How long an idle OpenMP thread spins before it sleeps (libgomp's default is 300000 spins when the
 # threads fit the cores): a second busy process on the host then finds its core spun away, and
-# sleeping at once makes every parallel region pay a wake-up. 10000 spins kept one server's speed
-# and tripled two busy servers' (docs/decisions/2026-12-07-shared-host.md).
+# sleeping at once makes every parallel region pay a wake-up. 10000 spins keeps one server's speed
+# and lets two busy servers share (docs/decisions/2026-12-07-shared-host.md).
 OMP_WAIT = {"GOMP_SPINCOUNT": "10000"}
 THREADS_VAR = "SGLANG_DFLASH_CPU_THREADS"  # declared in env.py (CPU_THREADS), which takes its name from here
 CPU_SETTINGS = {

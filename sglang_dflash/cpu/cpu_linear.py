@@ -23,30 +23,24 @@ from sglang_dflash import env
 from sglang_dflash.cpu import packed_weights
 
 _state = {"on": False, "rope": False, "norm": False, "max_rows": None}
-# On an AVX512-BF16 host (oneDNN native bf16), one thread, the embedded target's GEMMs a step
-# (bench/cpu_linear_bench.py): ours vs torch 19 vs 33 ms at 1 row, 16.7 vs 32.7 at 2, 28.6 vs 33.5 at
-# 3, 34.0 vs 35.2 at 4, 58.9 vs 39.7 at 8: ours up to 3 rows, oneDNN's tiles beyond.
+# Row bounds between our kernel and oneDNN, each where the two crossed in bench/cpu_linear_bench.py
+# (the numbers: docs/decisions/2026-12-04-cpu-bf16-gemm.md, 2026-12-06-cpu-amx-gemm-routing.md,
+# 2026-12-06-cpu-packed-weights.md). Our kernel streams the weights once for every row, so it wins while
+# a GEMM is bound by that stream; oneDNN's tiles win once arithmetic binds.
+# AVX512-BF16 host, oneDNN's own bf16 GEMM: ours (the scalar-conversion pass) up to 3 rows.
 NATIVE_BF16_MAX_ROWS = 3
-# Where the CPU has AVX512-BF16 the kernel runs native bf16 dot products (rows_dp): on the same host,
-# one thread, 13.1 / 13.8 / 18.1 / 30.9 / 57.4 / 108.4 ms a step at 1 / 4 / 8 / 16 / 32 / 64 rows
-# against torch's 32.9 / 35.9 / 40.8 / 50.6 / 70.0 / 110.1: ours up to 64 rows (prefill chunks beyond
-# stay oneDNN's).
+# ... where our kernel runs native bf16 dot products (rows_dp): ours up to 64 rows (prefill chunks
+# beyond stay oneDNN's).
 DOT_BF16_MAX_ROWS = 64
-# Where the CPU also has AMX, oneDNN's bf16 runs on its tiles and wins sooner: on a 2-core Xeon with
-# AMX (one thread, same bench, 2026-12-06) ours vs torch 17.7 vs 34.9 ms at 1 row, 24.4 vs 39.4 at 4,
-# 34.8 vs 40.5 at 8, 45.9 vs 40.8 at 12, 56.5 vs 40.8 at 16: ours up to 8 rows there.
+# With AMX, oneDNN's bf16 runs on its tiles and wins sooner: ours up to 8 rows.
 AMX_MAX_ROWS = 8
-# ... and with the target's weights packed once for oneDNN (packed_weights.py; same bench, same host,
-# 2026-12-06) ours vs packed 13.5 vs 18.6 ms at 1 row, 19.7 vs 20.6 at 4, 31.8 vs 19.0 at 8, 62.1 vs 17.7
-# at 16: ours up to 4 rows.
+# ... and with the target's weights packed once for oneDNN (packed_weights.py): ours up to 4 rows.
 AMX_PACKED_MAX_ROWS = 4
 # With the weights packed on an AVX512-BF16 host without AMX, oneDNN's blocked GEMM reuses each
-# weight tile across more rows than our one-pass stream does: ours while a GEMM is bound by the
-# weights' stream, packed once arithmetic binds (bench/cpu_linear_bench.py --threads 2: its packed column).
+# weight tile across more rows than our one-pass stream does: ours up to 16 rows.
 DOT_PACKED_MAX_ROWS = 16
-# rope_qk's scalar pass wins up to here; past it torch's vectorized ops do (bench/ops_bench.py, the
-# embedded target's heads; AVX2 host: 8.6x at 1 token, 2.7x at 16, 1.26x at 48, 0.7x at 128;
-# AVX512-BF16 host: 6.1x at 1, 1.69x at 16, 0.86x at 48, 0.57x at 128).
+# rope_qk's scalar pass wins up to here; past it torch's vectorized ops do (bench/ops_bench.py,
+# docs/decisions/2026-12-04-cpu-norm-and-rope-ops.md).
 ROPE_MAX_TOKENS = 32
 # rms_norm's one pass wins the decode and verify shapes (one Python call instead of ~10 torch ops);
 # prefill chunks keep torch's vectorized ops.

@@ -114,7 +114,7 @@ def propose(
         if sampled_slots and sampled:
             drafts = sample_drafts(out, logits, temperatures, sampled_slots, gumbel, drafter.to_target)
             return guard(drafts, block_ids, ok)
-        out[:, 1:] = drafter.to_target(logits.float().argmax(dim=-1))  # float32: ~4x faster on CPU, same ties
+        out[:, 1:] = drafter.to_target(logits.float().argmax(dim=-1))  # float32: vectorized on CPU, same ties
         return guard(Proposal(out), block_ids, ok)
     values, cand = selector.candidates(logits)  # [bs, B-1, K]
     cand = drafter.to_target(cand)

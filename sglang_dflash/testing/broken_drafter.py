@@ -18,10 +18,9 @@ from safetensors.torch import load_file, save_file
 
 from sglang_dflash.folder_cache import build_once
 
-# Final-norm scales of the steer channel and of the other channels. Others at 0.35 made q so flat that
-# q at T=0.5 and at T=1 barely differed (the served q-at-T=1 broken rule passed, min p 0.037); at 1.0
-# q is peaked enough that a correct server's min p fell to 4e-4; at 0.6 a correct server gave min p
-# 0.017 and the q-at-T=1 and untruncated-q rules 1e-7 and 6e-13 (600 draws per setting, 2026-12-04).
+# Final-norm scales of the steer channel and of the other channels. Flatter others make q at T=0.5 and
+# at T=1 barely differ (a broken rule then passes the served test); more peaked ones make a correct
+# server's p-value fragile. 0.6 separates both (the p-values: bench/results/broken_rules.jsonl).
 FLAT_STEER, FLAT_OTHERS = 0.004, 0.6
 
 
