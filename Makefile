@@ -46,8 +46,8 @@ serve-tiny: install
 test: install lint
 	$(VPY) -m pytest -q -x --timeout=1800 --durations=30 python_tests -m "not slow" $(PYTEST_ARGS)
 
-# The slow tier (scale-out behind SMG with a worker killed under load, the short soak): CI runs it
-# after `make test` (.ci/run); about 4 minutes on 2 cores.
+# The slow tier (scale-out behind SMG with a worker killed under load, the short soak, the broken
+# sampling rules served): CI runs it after `make test` (.ci/run); about 8 minutes on 2 cores.
 test-slow: install
 	$(VPY) -m pytest -q -x --timeout=1800 --durations=10 python_tests -m slow $(PYTEST_ARGS)
 

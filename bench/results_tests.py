@@ -1,5 +1,5 @@
 """Tables of the evidence that the tests can fail: mutation runs (bench/mutations.py) and the served
-broken-rule tier (python_tests/test_sampled_rules.py with SGLANG_DFLASH_TEST_BROKEN_RULES=1)."""
+broken-rule tier (python_tests/test_sampled_rules.py in `make test-slow`)."""
 
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ changes what is drawn. Output positions 1..4 (after the
 prefill's token: verify-step draws, many of them accepted drafts) are compared with the plain
 server's own draws by a chi-square test of homogeneity (chi2.py); every DFLASH token the plain
 server never drew at that position (the tokens a pooled sparse cell could hide) is checked against
-the plain server's own support at its prefix (its logprobs over the whole vocabulary). With
-SGLANG_DFLASH_TEST_BROKEN_RULES=1 the same test runs against servers with each deliberately broken
-rule (testing/broken_rules.py) and requires that each fails it.
+the plain server's own support at its prefix (its logprobs over the whole vocabulary). The slow tier
+(`make test-slow`) runs the same test against servers with each deliberately broken rule
+(testing/broken_rules.py) and requires that each fails it.
 """
 
 import concurrent.futures as cf
@@ -20,7 +20,6 @@ import pytest
 import chi2
 from chi2 import homogeneity_p
 
-from sglang_dflash import env as dflash_env
 from sglang_dflash.testing.broken_rules import RULES
 from sglang_dflash.testing.servers import launch, prompts
 
@@ -39,7 +38,6 @@ SERVERS = {  # name -> (proposal rule, drafter, pinned width)
 # a correct sampler failed once in CI (p 1.1e-5; 2,000 draws of the same setting: p 0.54). The broken
 # rules measured 2.9e-8 to 3e-78 at N 600 and 4.4e-10 to 2e-109 at N 900 (correct servers: min 0.012).
 MIN_P = 1e-6
-BROKEN = dflash_env.TEST_BROKEN_RULES.get()
 
 
 def draws(srv, params):
@@ -141,11 +139,24 @@ def broken_rows():
         print(f"{path}: run {append_rows(path, [{**r, **base_fields(prov)} for r in rows], prov)}")
 
 
+@pytest.fixture(scope="module")
+def plain_draws(pair):
+    """The broken tier's own plain sample (the slow tier runs without `served`'s five servers)."""
+    from sglang_dflash.testing.pairs import MIXED, ROOT
+
+    from sglang_dflash.testing.broken_drafter import flat_drafter
+
+    target, steered = pair("llama", "float32", MIXED["llama"])
+    with launch(target, None, "float32", extra=seed("plain"), name="plain-broken-rules") as plain:
+        ref = run(plain)
+    return target, flat_drafter(steered, ROOT), ref
+
+
 @pytest.mark.server
-@pytest.mark.skipif(not BROKEN, reason="opt-in: SGLANG_DFLASH_TEST_BROKEN_RULES=1 (four more servers)")
+@pytest.mark.slow
 @pytest.mark.parametrize("broken", RULES)
-def test_each_broken_rule_fails_the_served_test(served, broken_rows, broken):
-    target, flat, ref, _, _ = served
+def test_each_broken_rule_fails_the_served_test(plain_draws, broken_rows, broken):
+    target, flat, ref = plain_draws
     with launch_rule(target, flat, "qall", 16, broken) as srv:
         got = run(srv)
     ps = {f"{s}@{pos}": float(homogeneity_p(ref[s][pos], got[s][pos])) for s in SETTINGS for pos in POSITIONS}

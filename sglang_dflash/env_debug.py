@@ -75,14 +75,6 @@ TEST_CACHE = EnvVar(
     "tests: where generated tiny models and pairs are cached",
     level=DEBUG,
 )
-TEST_BROKEN_RULES = EnvVar(
-    "SGLANG_DFLASH_TEST_BROKEN_RULES",
-    bool,
-    False,
-    "tests: 1 also serves each deliberately broken sampling rule and requires the served test to fail it "
-    "(four more servers; its results are kept in docs/testing.md)",
-    level=DEBUG,
-)
 TEST_LOGS = EnvVar(
     "SGLANG_DFLASH_TEST_LOGS",
     str,
