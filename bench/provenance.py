@@ -137,8 +137,13 @@ def arm(name: str, draft: str, extra: list[str], match_sched: bool):
     an `@DIR` suffix (e.g. `adaptive@/path/drafter`) serves another drafter; a `-t<N>` suffix (e.g.
     `adaptive-t2`) runs the server's forward on N OpenMP threads (SGLANG_DFLASH_CPU_THREADS; the CPU
     default is the rank's cores); a `-packed` suffix packs the target's weights for oneDNN
-    (SGLANG_DFLASH_CPU_OPS packed=1), an `-unpacked` one leaves them as torch holds them (packed=0)."""
+    (SGLANG_DFLASH_CPU_OPS packed=1), an `-unpacked` one leaves them as torch holds them (packed=0); a
+    `-sched` suffix adds SCHED_FLAGS (e.g. `plain-sched`: plain without overlap scheduling, beside `plain`)."""
     from sglang_dflash import env
+
+    if name.endswith("-sched"):
+        d, flags, environ = arm(name.removesuffix("-sched"), draft, extra, False)
+        return d, [*flags, *SCHED_FLAGS], environ
 
     for suffix, value in (("-packed", "1"), ("-unpacked", "0")):
         if name.endswith(suffix):

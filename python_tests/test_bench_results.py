@@ -116,3 +116,24 @@ def test_headline_shows_a_dash_for_a_cell_the_w1_arm_missed():
     head, *body = cells_of(results_headline.headline(rs, None)[0])
     t1 = body[1]
     assert t1[head.index("w1 tok/s")] == "-" and t1[head.index("our CPU step (w1/plain)")] == "-"
+
+
+def test_a_sched_arm_is_its_base_with_dflashs_scheduler_flags():
+    draft, flags, environ = provenance.arm("plain-sched", "unused", ["--enable-metrics"], False)
+    assert draft is None and environ == {}
+    assert flags == ["--enable-metrics", *provenance.SCHED_FLAGS]
+    assert provenance.arm("plain", "unused", ["--enable-metrics"], False)[1] == ["--enable-metrics"]
+
+
+def test_bf16_match_reports_each_first_divergence_and_its_gap():
+    from bf16_match import compare
+
+    plain = [
+        {"ids": [1, 2, 3], "gap": [2.0, 0.06, 1.0], "runner_up": [9, 7, 9]},
+        {"ids": [4, 5, 6], "gap": [1.0, 1.0, 0.5], "runner_up": [9, 9, 8]},
+        {"ids": [1, 1, 1], "gap": [1.0, 1.0, 1.0], "runner_up": [2, 2, 2]},
+    ]
+    got = compare(plain, [[1, 7, 0], [4, 5, 0], [1, 1, 1]])
+    assert got["identical"] == 1 and got["prompts"] == 3
+    assert got["diverged_at"] == [1, 2] and got["first_gap"] == [0.06, 0.5]
+    assert got["runner_up_taken"] == 1  # the second one's token is not plain's runner-up
