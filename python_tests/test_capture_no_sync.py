@@ -5,7 +5,7 @@ The shapes: SGLang's default capture buckets (graph_choice.DEFAULT_BUCKETS, 1..6
 width 2..B, and each key the draft step adds (SGLANG_DFLASH_PROPOSAL's rule for unseeded sampled
 rows), for a DFlash 1 and a DFlash 2 drafter (both selector walks), over greedy, seeded, unseeded
 sampled and mixed batches (a grammar batch reaches the draft step as its sampling rows: grammar
-masks act on the verify logits, after it). The step is srt/draft_stage.draft_step on the FlashInfer
+masks act on the verify logits, after it). The step is srt/draft_stage.DraftStage.draft on the FlashInfer
 path in CUDA-graph mode with FlashInfer's CPU stand-in, as a CUDA server runs it; the step-graph
 backend runs the capture and every replay armed (its warm-up is not: CudaGraphs warms up before
 capturing, where a host read is legal). On a CPU every tensor is already on the host, so the guard
@@ -13,7 +13,6 @@ is on the torch.Tensor methods that would copy to it, armed only within the capt
 """
 
 import contextlib
-import types
 
 import pytest
 import torch
@@ -26,6 +25,7 @@ from sglang_dflash.pipeline.context_kv import DraftKVCache
 from sglang_dflash.pipeline.step_graphs import StepGraphs
 from sglang_dflash.pipeline.target_sampling import SamplingRows
 from sglang_dflash.srt import draft_stage
+from sglang_dflash.srt.draft_stage import DraftStage
 from sglang_dflash.srt.graph_choice import DEFAULT_BUCKETS
 from sglang_dflash.testing.fake_flashinfer import FakePrefillWrapper
 from sglang_dflash.testing.tiny_config import tiny_cfg_dict
@@ -134,14 +134,9 @@ def make_worker(dflash2, walk, buckets):
     req_to_token[1:] = (torch.randperm(slots - 1)[: (rows - 1) * (CONTEXT + B)] + 1).view(rows - 1, -1)
     embed = torch.nn.Embedding(V, 32).to(torch.bfloat16)
     head = torch.randn(V, 32, dtype=torch.bfloat16)
-    runner = types.SimpleNamespace(
-        req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
-        model=types.SimpleNamespace(model=types.SimpleNamespace(embed_tokens=embed)),
-    )
-    return types.SimpleNamespace(
-        model_runner=runner, device_type="cuda", block_size=B, drafter=drafter, vocab_size=V,
-        draft_head=lambda h: h @ head.t(), cfg=cfg, draft_kv=kv, mask_token_id=cfg.mask_token_id,
-        graphs=StepGraphs(buckets, ArmedGraphs()), metrics=None,
+    return DraftStage(
+        drafter, lambda h: h @ head.t(), embed, kv, req_to_token, cfg, B, V, cfg.mask_token_id, cuda=True,
+        graphs=StepGraphs(buckets, ArmedGraphs()),
     )  # fmt: skip
 
 
@@ -161,8 +156,8 @@ def draft(w, bs: int, kind: str, width: int, g):
     pool_rows = torch.arange(1, bs + 1)
     prefix = torch.randint(1, CONTEXT - B, (bs,), generator=g)
     block_ids, positions = build_block(torch.randint(0, V - 1, (bs,), generator=g), prefix, B, w.mask_token_id)
-    slots = block_slots(w.model_runner.req_to_token_pool.req_to_token, pool_rows, prefix, B)
-    return draft_stage.draft_step(w, pool_rows, prefix, slots, block_ids, positions, sampling(kind, bs), width)
+    slots = block_slots(w.req_to_token, pool_rows, prefix, B)
+    return w.draft(pool_rows, prefix, slots, block_ids, positions, sampling(kind, bs), width)
 
 
 CASES = [(None, "best", k, r) for k in ("greedy", "seeded") for r in ("qall",)]

@@ -18,7 +18,7 @@ def test_draft_rows_are_the_verified_rows():
 
 def test_draft_step_drafts_only_the_verified_rows(monkeypatch):
     w = make_worker(None, "best", [4])
-    w.device_type, w.graphs = "cpu", None  # the torch block attention, eager
+    w.cuda, w.graphs = False, None  # the torch block attention, eager
     seen = []
     orig = draft_mod.propose
 

@@ -147,7 +147,7 @@ def served_stats(vw) -> dict:
     """What /server_info shows (internal_states[i]["dflash"]) for a worker with these verify widths."""
     from sglang_dflash.srt.worker import DFlashWorker
 
-    fake = types.SimpleNamespace(width=None, graphs=None, verify_widths=vw, draft_steps=0, draft_failures=0)
+    fake = types.SimpleNamespace(width=None, graphs=None, verify_widths=vw, drafting=None)
     return DFlashWorker.stats(fake)
 
 

@@ -161,7 +161,7 @@ def _dummy_step(worker, bs: int, width: int) -> float:
     start = time.perf_counter()
     draft = block_ids[:, :width]
     if width > 1:
-        draft = worker.draft(batch.req_pool_indices, prefix, slots, block_ids, positions, None, width).tokens
+        draft = worker.drafting.draft(batch.req_pool_indices, prefix, slots, block_ids, positions, None, width).tokens
     out = dummy_verify_forward(
         worker._target_worker, draft, positions[:, :width], slots[:, :width], pool_rows, prefix, worker.verify_widths
     )

@@ -37,7 +37,7 @@ from sglang_dflash.pipeline.target_sampling import target_tokens
 from sglang_dflash.cpu import contention, cpu_linear, llama_stack, packed_weights
 from sglang_dflash.srt import metrics as dflash_metrics, verify_widths
 from sglang_dflash.srt.draft_head import DraftHead
-from sglang_dflash.srt.draft_stage import draft_failed, draft_step
+from sglang_dflash.srt.draft_stage import DraftStage
 from sglang_dflash.srt.graph_choice import make_step_graphs
 from sglang_dflash.srt.idle_result import idle_result
 from sglang_dflash.srt.metrics import StageClock
@@ -48,10 +48,8 @@ from sglang_dflash.srt.verify_backend import verify_forward
 
 logger = logging.getLogger("sglang_dflash")
 
-# Debug switches (tests): save every request's drafter context K/V rows after prefill; make every
-# Nth draft step raise (fault injection).
+# Debug switch (tests): save every request's drafter context K/V rows after prefill.
 DEBUG_DUMP_DIR = env.DEBUG_DUMP_DIR.get()
-DEBUG_FAIL_DRAFT_EVERY = env.DEBUG_FAIL_DRAFT_EVERY.get()
 
 
 class DFlashWorker(BaseSpecWorker):
@@ -88,9 +86,8 @@ class DFlashWorker(BaseSpecWorker):
         llama_stack.enable(self.device_type)
         self.flashinfer_sampler = get_exec().kernel.sampling_backend in ("flashinfer", "intel_xpu")
         self.metrics = dflash_metrics.create(self.block_size)
-        self.draft_steps = self.draft_failures = 0
-        # the width controller, step graphs and verify widths: start-up's end (init_cuda_graphs)
-        self.width = self.graphs = self.verify_widths = None
+        # the draft stage, width controller, step graphs and verify widths: start-up's end (init_cuda_graphs)
+        self.drafting = self.width = self.graphs = self.verify_widths = None
         self._step_cost = None  # (bs, width, stage seconds, end time) of the last decode step
         trace = env.DEBUG_STEP_TRACE.get()
         self.trace = dflash_metrics.StepTrace(trace) if trace else None
@@ -128,6 +125,20 @@ class DFlashWorker(BaseSpecWorker):
         cuda = self.device_type == "cuda"
         held = capturable(self.cfg, self.block_size, cuda, self.draft_kv.k.dtype)
         self.graphs = make_step_graphs(self.device_type, self.model_runner.req_to_token_pool.size, held)
+        self.drafting = DraftStage(
+            self.drafter,
+            self.draft_head,
+            self.model_runner.model.model.embed_tokens,
+            self.draft_kv,
+            self.model_runner.req_to_token_pool.req_to_token,
+            self.cfg,
+            self.block_size,
+            self.vocab_size,
+            self.mask_token_id,
+            cuda,
+            self.graphs,
+            self.metrics,
+        )
         if cuda:  # every width's verify forward its own attention backend and graphs (verify_widths.py)
             widths, graphs = played_widths(self), env.GRAPHS.get() != "0"
             self.verify_widths = verify_widths.for_sglang(self.model_runner, self.block_size, widths, graphs)
@@ -156,9 +167,10 @@ class DFlashWorker(BaseSpecWorker):
         if self.verify_widths is not None:
             graphs["verify_graphs"] = dict(self.verify_widths.counts)
         stack = {"target_stack": {**llama_stack.counts, "packed_weights": packed_weights.count()}}
+        drafting = self.drafting
         return {
-            "draft_steps": self.draft_steps,
-            "draft_failures": self.draft_failures,
+            "draft_steps": drafting.steps if drafting is not None else 0,
+            "draft_failures": drafting.failures if drafting is not None else 0,
             **width,
             **graphs,
             **stack,
@@ -194,24 +206,6 @@ class DFlashWorker(BaseSpecWorker):
         out.next_draft_input = make_draft_input_v2(bonus_tokens=out.next_token_ids, new_seq_lens=batch.seq_lens)
         return out
 
-    def draft(self, req_pool_indices, prefix, slots, block_ids, positions, sampling, width=None) -> Proposal:
-        return draft_step(self, req_pool_indices, prefix, slots, block_ids, positions, sampling, width)
-
-    def _safe_draft(self, req_pool_indices, prefix, slots, block_ids, positions, sampling, width) -> Proposal:
-        """Draft the block; if the drafter fails, verify the bare block [anchor, MASK...] instead:
-        this batch decodes one token per request (output stays exact) and the server keeps going."""
-        self.draft_steps += 1
-        try:
-            if DEBUG_FAIL_DRAFT_EVERY and self.draft_steps % DEBUG_FAIL_DRAFT_EVERY == 0:
-                raise RuntimeError("injected drafter failure (SGLANG_DFLASH_DEBUG_FAIL_DRAFT_EVERY)")
-            return self.draft(req_pool_indices, prefix, slots, block_ids, positions, sampling, width)
-        except Exception as e:  # noqa: BLE001 - any drafter fault degrades to plain decoding
-            self._draft_failed(f"{type(e).__name__}: {e}", len(prefix))
-            return Proposal(block_ids[:, :width])
-
-    def _draft_failed(self, why: str, rows: int) -> None:
-        draft_failed(self, why, rows)
-
     def _decode(self, batch, on_publish):
         B = self.block_size
         inp = StepInputs.from_batch(batch, self.vocab_size, self.device, self.flashinfer_sampler)
@@ -232,7 +226,7 @@ class DFlashWorker(BaseSpecWorker):
         #    draft_rows) proposes the drafts the step verifies. W = 1 is a plain decode step: no draft
         #    forward at all.
         if W > 1:
-            proposal = self._safe_draft(inp.req_pool_indices, prefix, slots, block_ids, positions, sampling, W)
+            proposal = self.drafting.run(inp.req_pool_indices, prefix, slots, block_ids, positions, sampling, W)
         else:
             proposal = Proposal(block_ids[:, :1])
         positions, slots = positions[:, :W], slots[:, :W]
@@ -277,7 +271,7 @@ class DFlashWorker(BaseSpecWorker):
         host = torch.stack([acc.accept_lens, acc.commit_lens, failed.to(acc.accept_lens.dtype)]).tolist()
         accepted, commits = host[0], host[1]  # [bs] each, one copy
         if any(host[2]):
-            self._draft_failed("drafter output not finite (NaN or inf)", sum(host[2]))
+            self.drafting.failed("drafter output not finite (NaN or inf)", sum(host[2]))
         self.width.observe_rows(W, req_rows, accepted)
         self._step_cost = (len(accepted), W, sum(seconds.values()), time.perf_counter())
         if self.metrics is not None:
