@@ -258,3 +258,18 @@ def test_results_page_and_headline_are_generated_from_the_rows():
         [sys.executable, "bench/results_page.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ---- greedy ------------------------------------------------------------------------------------
+def test_greedy_is_defined_once():
+    import torch
+
+    from sglang_dflash.pipeline.target_sampling import samples
+
+    assert [samples(t, k) for t, k in ((0.0, -1), (0.7, 1), (0.7, -1), (1.0, 50))] == [False, False, True, True]
+    got = samples(torch.tensor([0.0, 0.7, 0.7, 1.0]), torch.tensor([-1, 1, -1, 50]))
+    assert got.tolist() == [False, False, True, True]
+    # nowhere else re-derives it from temperature and top_k
+    rederived = re.compile(r"top_ks?_?(\.reshape\(-1\))?\s*[!=]=\s*1\b")
+    found = [path for path, text in sources("sglang_dflash/**/*.py") if rederived.search(text)]
+    assert found == ["sglang_dflash/pipeline/target_sampling.py"], found

@@ -25,11 +25,17 @@ from sglang_dflash.pipeline.draft import Proposal
 from sglang_dflash.pipeline.noise import ACCEPT, RESIDUAL, TARGET, uniform
 
 
+def samples(temperature, top_k):
+    """The one definition of a row that samples; every other row is greedy (draws the argmax):
+    temperature > 0 and top_k != 1. Host scalars and [bs] tensors alike."""
+    return (temperature > 0) & (top_k != 1)
+
+
 @dataclass
 class SamplingRows:
     """Per-request sampling parameters of a batch (filled from SGLang's batch by srt/step_inputs.py)."""
 
-    temperatures: torch.Tensor  # [bs] float32; 0 for greedy rows (incl. top_k == 1)
+    temperatures: torch.Tensor  # [bs] float32; 0 for greedy rows (not samples(): incl. top_k == 1)
     top_ps: Optional[torch.Tensor] = None  # [bs]
     top_ks: Optional[torch.Tensor] = None  # [bs] (-1 or >= vocab: off)
     min_ps: Optional[torch.Tensor] = None  # [bs]
@@ -39,7 +45,7 @@ class SamplingRows:
     # cuts top-p on that (top_k_renorm_prob -> top_p_renorm_prob -> min-p); its other paths (and the
     # torch sampler SGLang runs on CPU) cut top-k and top-p jointly on the unrenormalized mass.
     top_k_first: bool = False
-    sampled: Optional[list] = None  # [bs] host-side bool: the row samples (temperature > 0, top_k != 1)
+    sampled: Optional[list] = None  # [bs] host-side bool: samples() of the row
 
 
 def target_tokens(
@@ -58,7 +64,7 @@ def target_tokens(
     top_ks, top_ps, min_ps = sampling.top_ks, sampling.top_ps, sampling.min_ps
     seeds, offsets = sampling.seeds, sampling.offsets
     top_ks_ = top_ks.reshape(-1) if top_ks is not None else torch.full_like(temps, -1, dtype=torch.int64)
-    is_greedy = (top_ks_ == 1) | (temps <= 0)
+    is_greedy = ~samples(temps, top_ks_)
     if bool(is_greedy.all()):
         return logits.argmax(dim=-1).view(bs, block)
     rep = lambda t: None if t is None else t.reshape(-1).repeat_interleave(block)  # noqa: E731  [bs] -> [bs*B]

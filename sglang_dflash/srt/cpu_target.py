@@ -5,17 +5,21 @@ the one-loop layer stack may run (cpu/llama_stack.py), and the LM head's plain b
 from __future__ import annotations
 
 import logging
+import weakref
 
 import torch
 
 from sglang_dflash.cpu import cpu_linear, llama_stack, packed_weights
 
 logger = logging.getLogger("sglang_dflash")
+# Per target model, what it was found eligible for (ours, not attributes on SGLang's model).
+_PLAIN_LLAMA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LAYER_OP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _plain_llama(model) -> bool:
     """Every layer exactly SGLang's Llama layer with unquantized, LoRA-free linears, one process."""
-    cached = getattr(model, "_dflash_plain_llama", None)
+    cached = _PLAIN_LLAMA.get(model)
     if cached is not None:
         return cached
     from sglang.srt.distributed.utils import get_group_rank_size
@@ -46,7 +50,7 @@ def _plain_llama(model) -> bool:
         )
         and all(layer.mlp.dual_gemm.mode is None and not layer.mlp.activation_quant.enabled for layer in layers)
     )
-    model._dflash_plain_llama = ok
+    _PLAIN_LLAMA[model] = ok
     logger.info(f"target layer stack for decode/verify steps: {'one loop (llama_stack)' if ok else 'SGLang forward'}")
     return ok
 
@@ -69,7 +73,7 @@ def _layer_op_model(model) -> bool:
     """Whether every layer is one the one-call layer op reproduces: plain SiLU-and-mul (torch's silu
     and mul: SGLang's path on a CPU without AMX), bias-free output and MLP GEMMs, one eps for both
     norms, no KV scales (cached on the model)."""
-    ok = getattr(model, "_dflash_layer_op", None)
+    ok = _LAYER_OP.get(model)
     if ok is not None:
         return ok
     from sglang.srt.layers import activation
@@ -84,7 +88,7 @@ def _layer_op_model(model) -> bool:
         and getattr(layer.self_attn.attn, "v_scale", None) is None
         for layer in model.layers
     )
-    model._dflash_layer_op = ok
+    _LAYER_OP[model] = ok
     return ok
 
 

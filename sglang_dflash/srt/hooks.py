@@ -6,6 +6,7 @@ every SGLang process.
 
 import logging
 import os
+import weakref
 
 from sglang_dflash import env
 
@@ -135,6 +136,11 @@ def add_dflash_state(original, self, state):
         state["dflash"] = stats()
 
 
+# Requests whose last run ended on their grammar's terminating token (ours, not an attribute on
+# SGLang's Req; weak, so a request that finishes or aborts leaves nothing behind).
+ENDED_ON_TERMINATION: weakref.WeakSet = weakref.WeakSet()
+
+
 def accept_grammar_tokens(original, self, req, tokens):
     """Where a grammar ends, commit what plain decoding commits.
 
@@ -154,16 +160,16 @@ def accept_grammar_tokens(original, self, req, tokens):
         if len(kept) < len(tokens):
             kept.append(tokens[len(kept)])
         else:
-            req.dflash_grammar_ended_run = True
+            ENDED_ON_TERMINATION.add(req)
     return kept
 
 
 def update_finish_state(original, self, new_accepted_len=1):
     """See accept_grammar_tokens: a run that ended on the grammar's terminating token does not finish
     on the termination in this step (every other finish rule still applies)."""
-    if not getattr(self, "dflash_grammar_ended_run", False):
+    if self not in ENDED_ON_TERMINATION:
         return original(self, new_accepted_len)
-    self.dflash_grammar_ended_run = False
+    ENDED_ON_TERMINATION.discard(self)
     grammar, self.grammar = self.grammar, None
     try:
         return original(self, new_accepted_len)

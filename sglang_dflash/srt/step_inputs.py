@@ -14,17 +14,18 @@ import torch
 
 from sglang_dflash.pipeline.accept import stop_table
 from sglang_dflash.pipeline.penalties import ORDER, PenaltyRows
-from sglang_dflash.pipeline.target_sampling import SamplingRows
+from sglang_dflash.pipeline.target_sampling import SamplingRows, samples
 
 
-def sampling_rows(batch, flashinfer_sampler: bool = False) -> Optional[SamplingRows]:
+def sampling_rows(batch, flashinfer_sampler: bool = False, sampled: Optional[list] = None) -> Optional[SamplingRows]:
     """None when every request is greedy. flashinfer_sampler: SGLang samples with FlashInfer
-    (--sampling-backend flashinfer, its CUDA default), whose filter order SamplingRows.top_k_first keeps."""
+    (--sampling-backend flashinfer, its CUDA default), whose filter order SamplingRows.top_k_first keeps.
+    sampled: the batch's sampled_flags when the caller has them already."""
     sinfo = batch.sampling_info
     if sinfo is None or sinfo.is_all_greedy:
         return None
     temps = sinfo.temperatures.reshape(-1).float()
-    temps = torch.where((sinfo.top_ks.reshape(-1) == 1) | (temps <= 0), 0.0, temps)
+    temps = torch.where(samples(temps, sinfo.top_ks.reshape(-1)), temps, 0.0)
     return SamplingRows(
         temps,
         sinfo.top_ps,
@@ -33,14 +34,13 @@ def sampling_rows(batch, flashinfer_sampler: bool = False) -> Optional[SamplingR
         [r.sampling_params.sampling_seed for r in batch.reqs],
         [len(r.output_ids) for r in batch.reqs],
         top_k_first=flashinfer_sampler and bool(sinfo.need_min_p_sampling),
-        sampled=sampled_flags(batch),
+        sampled=sampled if sampled is not None else sampled_flags(batch),
     )
 
 
 def sampled_flags(batch) -> list[bool]:
-    """[bs] host-side: True for requests that sample (temperature > 0 and top_k != 1)."""
-    sps = [r.sampling_params for r in batch.reqs]
-    return [sp.top_k != 1 and sp.temperature > 0 for sp in sps]
+    """[bs] host-side: True for requests that sample (target_sampling.samples)."""
+    return [bool(samples(r.sampling_params.temperature, r.sampling_params.top_k)) for r in batch.reqs]
 
 
 def _stop_ids(req, honour_ignore_eos: bool) -> set:
@@ -140,12 +140,13 @@ class StepInputs:
     def from_batch(cls, batch, vocab: int, device, flashinfer_sampler: bool = False) -> "StepInputs":
         reqs = batch.reqs
         budget, stop_ids = limits(batch, device)
+        sampled = sampled_flags(batch)
         return cls(
             prefix=batch.seq_lens,
             anchors=batch.spec_info.bonus_tokens,
             req_pool_indices=batch.req_pool_indices,
-            sampling=sampling_rows(batch, flashinfer_sampler),
-            sampled=sampled_flags(batch),
+            sampling=sampling_rows(batch, flashinfer_sampler, sampled),
+            sampled=sampled,
             rids=[r.rid for r in reqs],
             verify_ct=reqs[0].spec_verify_ct,
             penalties=penalty_rows(batch, vocab, device),

@@ -5,6 +5,7 @@ backend's verify path (CPU): W causal rows per request."""
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
@@ -94,13 +95,31 @@ def torch_native_verify(backend, q, k, v, layer, forward_batch, save_kv_cache=Tr
     return out.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
 
+class _ThisForward:
+    """What every layer of one verify forward shares, kept here (not on SGLang's ForwardBatch, a
+    dataclass without a hash): one forward at a time per scheduler, so one entry, valid while it is
+    the same forward batch object."""
+
+    def __init__(self):
+        self.batch = lambda: None  # weakref to the forward batch the entries belong to
+        self.block, self.slots, self.prefix, self.plan = 0, None, None, None
+
+    def of(self, forward_batch, block: int) -> bool:
+        if self.batch() is forward_batch and self.block == block:
+            return True
+        self.batch, self.block, self.slots, self.prefix, self.plan = weakref.ref(forward_batch), block, None, None, None
+        return False
+
+
+_this = _ThisForward()
+
+
 def verify_slots(backend, forward_batch, block: int):
     """(slots [bs, bound + B] int64, prefix [bs] int64): the rows every layer of this verify forward
-    reads, the same for all of them, so built at the first layer and kept on the forward batch (a
-    new one every step). chain_attention reads them as they are; the gather + SDPA path plans on them."""
-    cached = getattr(forward_batch, "_dflash_verify_slots", None)
-    if cached is not None and cached[0] == block:
-        return cached[1], cached[2]
+    reads, the same for all of them, so built at the first layer and kept for the forward's other
+    layers. chain_attention reads them as they are; the gather + SDPA path plans on them."""
+    if _this.of(forward_batch, block) and _this.slots is not None:
+        return _this.slots, _this.prefix
     prefix = forward_batch.seq_lens  # [bs]
     host = forward_batch.seq_lens_cpu
     if prefix.is_cpu or host is None:
@@ -109,16 +128,14 @@ def verify_slots(backend, forward_batch, block: int):
         # No device sync. SGLang's seq_lens_cpu is the prefix, but verify_forward bumps it to
         # prefix + B for the attention plan: + B bounds it either way (extra columns are masked).
         width = int(host.max()) + block
-    slots = slot_table(backend.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, width)
-    forward_batch._dflash_verify_slots = (block, slots, prefix.to(torch.int64))
-    return slots, forward_batch._dflash_verify_slots[2]
+    _this.slots = slot_table(backend.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, width)
+    _this.prefix = prefix.to(torch.int64)
+    return _this.slots, _this.prefix
 
 
 def _verify_plan(backend, forward_batch, block: int) -> RowPlan:
     """The gather + SDPA plan over verify_slots' rows, once per forward."""
-    cached = getattr(forward_batch, "_dflash_verify_plan", None)
-    if cached is not None and cached[0] == block:
-        return cached[1]
-    plan = verify_plan(*verify_slots(backend, forward_batch, block), block)
-    forward_batch._dflash_verify_plan = (block, plan)
-    return plan
+    if _this.of(forward_batch, block) and _this.plan is not None:
+        return _this.plan
+    _this.plan = verify_plan(*verify_slots(backend, forward_batch, block), block)
+    return _this.plan
