@@ -1,6 +1,7 @@
 """bench/provenance.py's paired ratios and bench/results_headline.py's README headline, on synthetic
 rows (no server): three arms give both ratios; runs before the w1 arm keep the two-arm form."""
 
+import json
 import os
 import sys
 
@@ -137,3 +138,25 @@ def test_bf16_match_reports_each_first_divergence_and_its_gap():
     assert got["identical"] == 1 and got["prompts"] == 3
     assert got["diverged_at"] == [1, 2] and got["first_gap"] == [0.06, 0.5]
     assert got["runner_up_taken"] == 1  # the second one's token is not plain's runner-up
+
+
+def test_the_day_mix_covers_every_kind_and_counts_kill_errors_apart():
+    import random
+
+    from soak_mix import BAD, KINDS, classify, plan
+
+    jobs = plan(2000, [[5, 6, 7], [8, 9]], random.Random(0))
+    seen = {j["kind"] for j in jobs}
+    assert seen == set(KINDS)
+    bad = [j for j in jobs if j["kind"] == "bad"]
+    assert {json.dumps(j["body"]["sampling_params"]) for j in bad} == {json.dumps(b["sampling_params"]) for b in BAD}
+    assert all(1 <= j["max_new"] <= 256 for j in jobs)
+    results = [
+        {"i": 0, "kind": "greedy", "status": "completed", "start": 0.0, "end": 5.0},
+        {"i": 1, "kind": "greedy", "status": "error", "error": "http502: x", "start": 9.0, "end": 11.0},  # in flight
+        {"i": 2, "kind": "stream", "status": "error", "error": "http500: y", "start": 40.0, "end": 41.0},  # not
+        {"i": 3, "kind": "bad", "status": "refused", "start": 1.0, "end": 1.1},
+    ]
+    got = classify(jobs[:5], results, {"kill": 10.0})
+    assert (got["completed"], got["refused"], got["errors_at_kill"], got["errors_other"]) == (1, 1, 1, 1)
+    assert got["lost"] == 1 and got["by_kind"]["greedy"] == {"completed": 1, "error": 1}
