@@ -57,7 +57,7 @@ if os.environ.get("SGLANG_DFLASH_BUILD_EXT", "1") != "0":
     sources = ["csrc/dflash_ops.cpp"] + [f"csrc/cpu/{name}_cpu.cpp" for name in cpu_kernels]
     # included headers; listed so sdists ship them
     headers = ("chain_attention_body", "chain_attention_dp", "cpu_features", "cpu_ops", "bf16_vec")
-    depends = ["csrc/dflash_checks.h"] + [f"csrc/cpu/{name}.h" for name in headers]
+    depends = ["csrc/accept_rule.h", "csrc/dflash_checks.h"] + [f"csrc/cpu/{name}.h" for name in headers]
     include_dirs = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")]
     want_cuda = os.environ.get("FORCE_CUDA") == "1" or bool(os.environ.get("CUDA_HOME"))
     if want_cuda:

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu/cpu_features.h"
+#include "accept_rule.h"
 #include "dflash_checks.h"
 
 namespace sglang_dflash {
@@ -103,19 +104,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_ve
   int64_t *qp = seq.data_ptr<int64_t>(), *xp = out.data_ptr<int64_t>();
   at::parallel_for(0, bs, 64, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t* di = dp + i * B;
       const int64_t* ti = tp + i * B;
-      int64_t a = 0;
-      while (a + 1 < B && di[a + 1] == ti[a]) ++a;
-      int64_t c = std::min<int64_t>(a + 1, std::max<int64_t>(bp[i], 1));
-      for (int64_t j = 0; j < c; ++j) {
-        bool stop = false;
-        for (int64_t s = 0; s < S; ++s) stop |= (sp[i * S + s] == ti[j]);
-        if (stop) {
-          c = j + 1;
-          break;
-        }
-      }
+      const Accepted r = accept_row(dp + i * B, ti, sp + i * S, B, S, bp[i]);
+      const int64_t a = r.accept, c = r.commit;
       ap[i] = a;
       op[i] = ti[c - 1];
       cp[i] = c;

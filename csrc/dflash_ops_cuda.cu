@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "accept_rule.h"
 #include "dflash_checks.h"
 
 namespace sglang_dflash {
@@ -91,19 +92,9 @@ __global__ void accept_kernel(const int64_t* __restrict__ draft, const int64_t* 
                               int64_t* bonus, int64_t* commit, int64_t* seq, int64_t* out) {
   const int64_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= bs) return;
-  const int64_t* d = draft + i * B;
   const int64_t* t = target + i * B;
-  int64_t a = 0;
-  while (a + 1 < B && d[a + 1] == t[a]) ++a;
-  int64_t c = min(a + 1, max(budget[i], (int64_t)1));
-  for (int64_t j = 0; j < c; ++j) {
-    bool stop = false;
-    for (int64_t s = 0; s < S; ++s) stop |= (stops[i * S + s] == t[j]);
-    if (stop) {
-      c = j + 1;
-      break;
-    }
-  }
+  const Accepted r = accept_row(draft + i * B, t, stops + i * S, B, S, budget[i]);
+  const int64_t a = r.accept, c = r.commit;
   accept[i] = a;
   bonus[i] = t[c - 1];
   commit[i] = c;
