@@ -138,6 +138,10 @@ def test_bf16_match_reports_each_first_divergence_and_its_gap():
     assert got["identical"] == 1 and got["prompts"] == 3
     assert got["diverged_at"] == [1, 2] and got["first_gap"] == [0.06, 0.5]
     assert got["runner_up_taken"] == 1  # the second one's token is not plain's runner-up
+    plain[1]["top"] = [{}, {}, {6: 0.0, 8: 0.5}]
+    plain[0]["top"] = [{}, {2: 0.0, 7: 0.06}, {}]
+    got = compare(plain, [[1, 7, 0], [4, 5, 0], [1, 1, 1]])
+    assert got["first_token_below_best"] == [0.06, None] and got["within_tie"] == 1
 
 
 def test_the_day_mix_covers_every_kind_and_counts_kill_errors_apart():
