@@ -93,6 +93,7 @@ def main():
     ap.add_argument("--kill-at", type=float, default=0.33)
     ap.add_argument("--restart-at", type=float, default=0.5)
     ap.add_argument("--prompts", type=int, default=220, help="distinct unseen chat prompts")
+    ap.add_argument("--out", default=RESULTS)
     a = ap.parse_args()
     prov = provenance.stamp()
 
@@ -209,7 +210,7 @@ def main():
         "events_s": {k: round(v - t0, 1) for k, v in events.items()},
         "argv": provenance.server_argv(model, drafter, "bfloat16", []),
     }
-    print(f"run {provenance.append_rows(RESULTS, [row | provenance.base_fields(prov)], prov)}")
+    print(f"run {provenance.append_rows(a.out, [row | provenance.base_fields(prov)], prov)}")
     keys = ("completed", "aborted", "disconnected", "refused", "errors_at_kill", "errors_other", "greedy_checked")
     print({k: row[k] for k in (*keys, "greedy_identical", "greedy_near_ties", "greedy_wrong_count", "draft_failures")})
 
