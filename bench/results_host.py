@@ -1,6 +1,8 @@
-"""Tables of how a server shares its host and what a decode step costs by width: two servers side by
-side (bench/shared_host.py), the start-up step-cost table per checkout (bench/profile_table.py) and
-the drafter's block cut to the verify width (bench/draft_block.py)."""
+"""Tables of how a server shares its host, holds a day of traffic and matches plain in bf16, and what a
+decode step costs by width: two servers side by side (bench/shared_host.py), a day of traffic behind
+SMG (bench/soak_day.py), bf16 greedy against plain (bench/bf16_match.py), the start-up step-cost
+table per checkout (bench/profile_table.py) and the drafter's block cut to the verify width
+(bench/draft_block.py)."""
 
 from __future__ import annotations
 
@@ -62,3 +64,40 @@ def draft_block() -> list[str]:
         ]
         out += [f"Run `{run}`, {rs[0]['trained_block']}-row drafter:", ""] + table(head, body) + [""]
     return out
+
+
+def soak_day() -> list[str]:
+    """Each day-of-traffic run: what every request ended as, errors at the kill and elsewhere, the
+    greedy check against plain, KV after flush and draft failures."""
+    body = []
+    for r in rows("soak"):
+        if r.get("mix") != "day":
+            continue
+        ends = f"{r['completed']} / {r['aborted']} / {r['disconnected']} / {r['refused']}"
+        greedy = (
+            f"{r['greedy_checked']} / {r['greedy_identical']} / {r['greedy_near_ties']} / {r['greedy_wrong_count']}"
+        )
+        kv = " / ".join(str(v["kv_used_after_flush"]) for v in r["after"].values())
+        body.append([f"`{r['run']}`", r["requests"], r["concurrency"], f"{r['wall_s']:.0f}", ends])
+        body[-1] += [f"{r['errors_at_kill']} / {r['errors_other']}", r["lost"], greedy, kv, r["draft_failures"]]
+    head = ["run", "requests", "concurrency", "wall s", "completed / aborted / disconnected / refused (4xx)"]
+    head += ["errors at the kill / other", "unanswered", "greedy checked / identical / near-ties / wrong"]
+    head += ["KV after flush (each worker)", "draft failures"]
+    if not body:
+        return []
+    return table(head, body) + ["", "Two workers behind SMG, one SIGKILLed and restarted (`bench/soak_day.py`).", ""]
+
+
+def bf16_match() -> list[str]:
+    """Each arm of each run: prompts identical to plain, and at the first divergences plain's top-2 gap
+    and how far below plain's best the arm's token was."""
+    body = []
+    for run, rs in runs(rows("bf16_match")).items():
+        for r in rs:
+            gaps = f"{r['first_gap_max']:.3f}" if r["first_gap_max"] is not None else "-"
+            tie = f"{r['within_tie']} / {r['prompts'] - r['identical']}" if "within_tie" in r else "-"
+            w1 = r.get("identical_to_w1", "-")
+            body.append([run, r["config"], f"{r['identical']} / {r['prompts']}", w1, gaps, tie])
+    head = ["run", "arm", "identical to plain", "identical to w1", "largest first-divergence gap"]
+    head += ["token within two ulps of plain's best / divergences"]
+    return table(head, body) + ["", "Greedy, bf16, one request at a time, 128 tokens each (`bench/bf16_match.py`).", ""]

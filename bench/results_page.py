@@ -33,7 +33,7 @@ from results_tables import (  # noqa: E402
 from results_cpu import cpu_linear, layer_stack, peer_equal_threads  # noqa: E402
 import results_headline  # noqa: E402
 from results_gpu_peer import datagen, gpu_check, peer  # noqa: E402
-from results_host import draft_block, profile_table, shared_host  # noqa: E402
+from results_host import bf16_match, draft_block, profile_table, shared_host, soak_day  # noqa: E402
 from results_tests import broken_rules, mutations  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,7 +84,7 @@ def page(head_lines: list[str]) -> str:
     known |= {"draft_head", "sampling_bench", "train_step", "attention_bench", "draft_rope"}
     known |= {"scale_out", "step_profile", "cpu_linear", "gpu_check_kernels", "peer_bench", "datagen"} & found_kinds()
     known |= {"graphs_bench", "layer_stack"} & found_kinds()
-    known |= {"mutations", "broken_rules", "shared_host", "profile_table", "draft_block"} & found_kinds()
+    known |= {"mutations", "broken_rules", "shared_host", "profile_table", "draft_block", "bf16_match"} & found_kinds()
     found = {os.path.basename(p)[: -len(".jsonl")] for p in glob.glob(os.path.join(RESULTS, "*.jsonl"))}
     assert found == known, (
         f"results files without a section here: {found - known}; sections without a file: {known - found}"
@@ -201,6 +201,12 @@ def page(head_lines: list[str]) -> str:
             else []
         ),
         *(["## Two servers on one host (`shared_host.jsonl`)", "", *shared_host()] if "shared_host" in known else []),
+        *(
+            ["## bf16 greedy against plain SGLang (`bf16_match.jsonl`)", "", *bf16_match()]
+            if "bf16_match" in known
+            else []
+        ),
+        *(["## A day of traffic behind SMG (`soak.jsonl`, day mix)", "", *soak_day()] if soak_day() else []),
         *(
             ["## The start-up step-cost table by checkout (`profile_table.jsonl`)", "", *profile_table()]
             if "profile_table" in known

@@ -98,6 +98,7 @@ def soak() -> list[str]:
         ]
         + [r["used_tokens_after_flush"], r["rss_growth_mb"], widths(r)]
         for r in rows("soak")
+        if r.get("mix") != "day"  # a day of traffic: results_host.soak_day
     ]
     return table(head, body)
 
