@@ -13,7 +13,8 @@ request) or error, errors split into those in flight on the killed worker and th
 be 0); both workers healthy with an empty KV pool after a cache flush; RSS and KV use sampled over
 the run; draft failures summed; and every completed greedy output checked against a plain server's
 greedy output of the same prompt (prefix-consistent: one plain request per prompt), a mismatch
-classed as a near-tie when plain's top-2 logprob gap at the first divergence is under TIE (bf16).
+classed as a near-tie when, at the first divergence, the worker's token was within TIE of plain's
+best logprob (plain's top 5: bf16 ties are often exact, and among more than two tokens).
 Appends one row to bench/results/soak.jsonl.
 
 python bench/soak_day.py [--requests 10000] [--concurrency 16] [--kill-at 0.33] [--restart-at 0.5]
@@ -63,7 +64,7 @@ def used_tokens(url: str) -> int | None:
 
 def plain_refs(model: str, jobs: list[dict], done: list[dict], concurrency: int) -> dict:
     """Per prompt with a completed greedy request: plain's greedy output for the longest such request,
-    with its top-2 logprob gaps and runner-ups."""
+    with its top-2 gaps and how far below the best each of its top 5 was."""
     longest: dict[int, int] = {}
     for r in done:
         j = jobs[r["i"]]
@@ -72,14 +73,11 @@ def plain_refs(model: str, jobs: list[dict], done: list[dict], concurrency: int)
 
     def ref(p):
         sp = {"max_new_tokens": longest[p], "temperature": 0}
-        body = {"input_ids": prompt_ids[p], "sampling_params": sp, "return_logprob": True, "top_logprobs_num": 2}
+        body = {"input_ids": prompt_ids[p], "sampling_params": sp, "return_logprob": True, "top_logprobs_num": 5}
         out = requests.post(plain.url + "/generate", json=body, timeout=1800).json()
         top = out["meta_info"]["output_top_logprobs"]
-        return p, {
-            "ids": out["output_ids"],
-            "gap": [t[0][0] - t[1][0] for t in top],
-            "runner_up": [t[1][1] for t in top],
-        }
+        below = [{int(x[1]): t[0][0] - x[0] for x in t} for t in top]  # id -> logprob below the best
+        return p, {"ids": out["output_ids"], "gap": [t[0][0] - t[1][0] for t in top], "below": below}
 
     with launch(model, None, "bfloat16", name="soak-day-plain") as plain:
         with cf.ThreadPoolExecutor(concurrency) as ex:
@@ -177,10 +175,11 @@ def main():
         if j is None:
             continue
         gaps.append(want["gap"][j])
-        if want["gap"][j] < TIE and got[j] == want["runner_up"][j]:
+        below = want["below"][j].get(got[j])  # None: outside plain's top 5
+        if below is not None and below <= TIE:
             ties += 1
         else:
-            wrong.append({"i": r["i"], "at": j, "gap": want["gap"][j], "got": got[j], "want": want["ids"][j]})
+            wrong.append({"i": r["i"], "at": j, "got": got[j], "want": want["ids"][j], "below_best": below})
     lat = sorted(r["latency"] for r in results if r["status"] == "completed")
     states = [v["state"] for v in after.values()]
     row |= {
