@@ -5,7 +5,6 @@ backend's verify path (CPU): W causal rows per request."""
 from __future__ import annotations
 
 import contextlib
-import weakref
 
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
@@ -98,16 +97,16 @@ def torch_native_verify(backend, q, k, v, layer, forward_batch, save_kv_cache=Tr
 class _ThisForward:
     """What every layer of one verify forward shares, kept here (not on SGLang's ForwardBatch, a
     dataclass without a hash): one forward at a time per scheduler, so one entry, valid while it is
-    the same forward batch object."""
+    the same forward batch object (held until the next forward replaces it, so its id is not reused)."""
 
     def __init__(self):
-        self.batch = lambda: None  # weakref to the forward batch the entries belong to
+        self.batch = None
         self.block, self.slots, self.prefix, self.plan = 0, None, None, None
 
     def of(self, forward_batch, block: int) -> bool:
-        if self.batch() is forward_batch and self.block == block:
+        if self.batch is forward_batch and self.block == block:
             return True
-        self.batch, self.block, self.slots, self.prefix, self.plan = weakref.ref(forward_batch), block, None, None, None
+        self.batch, self.block, self.slots, self.prefix, self.plan = forward_batch, block, None, None, None
         return False
 
 
