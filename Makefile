@@ -47,7 +47,7 @@ test: install lint
 	$(VPY) -m pytest -q -x --timeout=1800 --durations=30 python_tests -m "not slow" $(PYTEST_ARGS)
 
 # The slow tier (scale-out behind SMG with a worker killed under load, the short soak, the broken
-# sampling rules served): CI runs it after `make test` (.ci/run); about 8 minutes on 2 cores.
+# sampling rules served): CI runs it after `make test` (.ci/run); about 5 minutes on 2 cores.
 test-slow: install
 	$(VPY) -m pytest -q -x --timeout=1800 --durations=10 python_tests -m slow $(PYTEST_ARGS)
 
