@@ -73,7 +73,7 @@ def compare(plain: list[dict], arm: list[list[int]]) -> dict:
         "runner_up_taken": sum(f["runner_up"] for f in firsts),
         # the arm's token at the first divergence: how far below plain's best (None: outside its top TOP)
         "first_token_below_best": [f["below"] for f in firsts],
-        "within_tie": sum(f["below"] is not None and f["below"] <= TIE for f in firsts),
+        "within_tie": sum(f["below"] is not None and f["below"] <= TIE + 1e-6 for f in firsts),
         "tie": TIE,
     }
 

@@ -176,7 +176,7 @@ def main():
             continue
         gaps.append(want["gap"][j])
         below = want["below"][j].get(got[j])  # None: outside plain's top 5
-        if below is not None and below <= TIE:
+        if below is not None and below <= TIE + 1e-6:  # logprobs in float32: two ulps read 0.25000006
             ties += 1
         else:
             wrong.append({"i": r["i"], "at": j, "got": got[j], "want": want["ids"][j], "below_best": below})
