@@ -48,13 +48,10 @@ def router_cmd(
     smg = shutil.which("smg") or os.path.join(os.path.dirname(sys.executable), "smg")
     # SMG's one --api-key both gates its clients and authenticates it to workers that were given it
     key = ["--api-key", api_key] if api_key else []
-    # A dead worker leaves within two 2-s health checks. SMG's circuit breaker also counts what
-    # clients cause (4xx answers to bad requests, hang-ups, aborts): under a day of mixed traffic it
-    # opened on healthy workers and answered 503 "no available workers" for minutes, so it is off.
     return [
         smg, "launch", "--host", host, "--port", str(port), "--worker-urls", *urls, "--policy", policy,
         "--prometheus-port", str(metrics_port), "--health-check-interval-secs", "2",
-        "--health-failure-threshold", "2", "--disable-circuit-breaker", "--log-level", "warn", *key,
+        "--health-failure-threshold", "2", "--log-level", "warn", *key,
     ]  # fmt: skip
 
 
