@@ -35,6 +35,18 @@ TOP = 5  # plain's top logprobs kept per position
 TIE = 0.25  # two bf16 ulps of a logit between 16 and 32 (python_tests/test_lossless.py's BF16_TIE)
 
 
+def below_best(top: list) -> list[dict]:
+    """SGLang's output_top_logprobs (per position [(logprob, id, text), ...], best first) -> per
+    position {id: logprob below the best}."""
+    return [{int(x[1]): t[0][0] - x[0] for x in t} for t in top]
+
+
+def near_tie(below) -> bool:
+    """A token this far below the best (None: outside the top kept) is a bf16 near-tie; logprobs
+    come back in float32, so two ulps read 0.25000006."""
+    return below is not None and below <= TIE + 1e-6
+
+
 def greedy(url: str, ids: list[int], max_new: int, top2: bool) -> dict:
     sp = {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}
     body = {"input_ids": ids, "sampling_params": sp}
@@ -48,7 +60,7 @@ def greedy(url: str, ids: list[int], max_new: int, top2: bool) -> dict:
         top = out["meta_info"]["output_top_logprobs"]
         got["gap"] = [t[0][0] - t[1][0] for t in top]
         got["runner_up"] = [t[1][1] for t in top]
-        got["top"] = [{int(x[1]): t[0][0] - x[0] for x in t} for t in top]  # id -> logprob below the best
+        got["top"] = below_best(top)
     return got
 
 
@@ -73,7 +85,7 @@ def compare(plain: list[dict], arm: list[list[int]]) -> dict:
         "runner_up_taken": sum(f["runner_up"] for f in firsts),
         # the arm's token at the first divergence: how far below plain's best (None: outside its top TOP)
         "first_token_below_best": [f["below"] for f in firsts],
-        "within_tie": sum(f["below"] is not None and f["below"] <= TIE + 1e-6 for f in firsts),
+        "within_tie": sum(near_tie(f["below"]) for f in firsts),
         "tie": TIE,
     }
 

@@ -89,6 +89,7 @@ def page(head_lines: list[str]) -> str:
     assert found == known, (
         f"results files without a section here: {found - known}; sections without a file: {known - found}"
     )
+    day = soak_day()
     parts = [
         "# Results",
         "",
@@ -206,7 +207,7 @@ def page(head_lines: list[str]) -> str:
             if "bf16_match" in known
             else []
         ),
-        *(["## A day of traffic behind SMG (`soak.jsonl`, day mix)", "", *soak_day()] if soak_day() else []),
+        *(["## A day of traffic behind SMG (`soak.jsonl`, day mix)", "", *day] if day else []),
         *(
             ["## The start-up step-cost table by checkout (`profile_table.jsonl`)", "", *profile_table()]
             if "profile_table" in known

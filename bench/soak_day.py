@@ -41,7 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import provenance  # noqa: E402
 from soak import rss_mb  # noqa: E402
-from soak_mix import TIE, classify, one, plan  # noqa: E402
+from bf16_match import TIE, below_best, near_tie  # noqa: E402
+from soak_mix import classify, one, plan  # noqa: E402
 from sglang_dflash.replicas import router_cmd, wait_workers, worker_env  # noqa: E402
 from sglang_dflash.testing.servers import LOG_DIR, dflash_state, free_port, launch, stop  # noqa: E402
 
@@ -76,8 +77,7 @@ def plain_refs(model: str, jobs: list[dict], done: list[dict], concurrency: int)
         body = {"input_ids": prompt_ids[p], "sampling_params": sp, "return_logprob": True, "top_logprobs_num": 5}
         out = requests.post(plain.url + "/generate", json=body, timeout=1800).json()
         top = out["meta_info"]["output_top_logprobs"]
-        below = [{int(x[1]): t[0][0] - x[0] for x in t} for t in top]  # id -> logprob below the best
-        return p, {"ids": out["output_ids"], "gap": [t[0][0] - t[1][0] for t in top], "below": below}
+        return p, {"ids": out["output_ids"], "gap": [t[0][0] - t[1][0] for t in top], "below": below_best(top)}
 
     with launch(model, None, "bfloat16", name="soak-day-plain") as plain:
         with cf.ThreadPoolExecutor(concurrency) as ex:
@@ -176,7 +176,7 @@ def main():
             continue
         gaps.append(want["gap"][j])
         below = want["below"][j].get(got[j])  # None: outside plain's top 5
-        if below is not None and below <= TIE + 1e-6:  # logprobs in float32: two ulps read 0.25000006
+        if near_tie(below):
             ties += 1
         else:
             wrong.append({"i": r["i"], "at": j, "got": got[j], "want": want["ids"][j], "below_best": below})

@@ -10,8 +10,6 @@ import time
 
 import requests
 
-# bf16 near-tie: two ulps of a logit between 16 and 32 (python_tests/test_lossless.py's BF16_TIE)
-TIE = 0.25
 KINDS = {  # kind -> share of the day
     "greedy": 0.35,
     "seeded": 0.12,

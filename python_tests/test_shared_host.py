@@ -14,6 +14,7 @@ import time
 import pytest
 import requests
 
+from sglang_dflash.cpu.contention import process_ticks
 from sglang_dflash.testing.pairs import MIXED
 from sglang_dflash.testing.servers import LOG_DIR, free_port
 
@@ -21,14 +22,8 @@ OURS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "SGLANG_DFLASH_C
 
 
 def _cpu_seconds(pids) -> float:
-    """User + system CPU time of these processes (clock ticks from /proc/PID/stat)."""
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time of these processes (cpu/contention.py reads them for the governor)."""
+    return sum(process_ticks(pid) for pid in pids) / os.sysconf("SC_CLK_TCK")
 
 
 def _group(pgid: int) -> list[int]:
