@@ -1,7 +1,7 @@
 """The README's headline table (bench/results_page.py writes it between its markers) from real_bench
 rows, already narrowed to runs that served the shipped drafter.
 
-Three-arm form, from the newest run with `plain`, `w1` and `adaptive` rows: per temperature (seeded
+Three-arm form, from the newest run with `plain`, `w1` and `adaptive` rows at T=0 and T>0: per temperature (seeded
 and unseeded) and concurrency, the three arms' tok/s and the two paired ratios a reader asks for
 first: our CPU step (w1 / plain) and speculation's own share (adaptive / w1). Until such a run exists
 the older two-arm form (plain against adaptive, newest run per cell) stays, so README and the rows
@@ -19,7 +19,15 @@ LEGACY_CELLS = [(t, c) for t in (0.0, 1.0) for c in (1, 4, 16, 32)]
 def headline(rs: list[dict], ship: str | None, weights: str = "") -> tuple[list[str], list[dict]]:
     """(markdown lines, the rows it shows) for real_bench rows `rs` (shipped drafter only); `weights`:
     the drafter's weights file, named when a run measured them uncommitted."""
-    newest = next((g for g in runs(rs).values() if set(ARMS) <= {r["config"] for r in g}), None)
+    # a full run: all three arms, greedy and sampled rows (a T=0-only check run does not replace it)
+    newest = next(
+        (
+            g
+            for g in runs(rs).values()
+            if set(ARMS) <= {r["config"] for r in g} and len({r["temperature"] > 0 for r in g}) == 2
+        ),
+        None,
+    )
     return three_arm(newest, ship, weights) if newest else legacy(rs, ship, weights)
 
 
