@@ -129,9 +129,13 @@ def main():
                 restarted.append(ctx)
                 events["restart"] = time.time()
             if n_done % every == 0:
+                with lock:
+                    errors = sum(r["status"] == "error" for r in results)
                 marks.append(
                     {
                         "done": n_done,
+                        "t_s": round(time.time() - t0, 1),
+                        "errors": errors,  # so far: a window of failures shows when it starts and ends
                         "rss_mb": {k: round(rss_mb(w.proc.pid)) for k, w in workers.items() if w.proc.poll() is None},
                         "kv_used": {k: used_tokens(w.url) for k, w in workers.items()},
                     }

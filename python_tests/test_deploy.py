@@ -159,6 +159,7 @@ def test_router_overlay_runs_smg_with_the_local_router_flags():
     local = router_cmd(["http://w:1"], "h", 1, 2)
     for flag in ("--policy", "--health-check-interval-secs", "--health-failure-threshold"):
         assert args[args.index(flag) + 1] == local[local.index(flag) + 1], flag
+    assert "--disable-worker-overload-protection" in args and "--disable-worker-overload-protection" in local
     assert "smg==1.13.0" in open(os.path.join(DEPLOY, "Dockerfile")).read()
     for _, spec in servers(RENDERED["base"]):
         sv = spec["containers"][0]

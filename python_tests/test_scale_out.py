@@ -8,8 +8,8 @@ real processes, the same command `make serve REPLICAS=2` runs (sglang_dflash/rep
   through the router is at least that of one server.
 - Fault: one worker SIGKILLed in the middle of a 200-request load at concurrency 8: every request
   completes with the plain server's tokens or fails with an error the client sees (never a wrong or
-  truncated output), later requests all succeed on the survivor, and a restarted worker rejoins and
-  takes traffic again.
+  truncated output), later requests all succeed on the survivor (at concurrency 24, its queue past
+  SMG's overload threshold), and a restarted worker rejoins and takes traffic again.
 """
 
 import concurrent.futures as cf
@@ -33,7 +33,15 @@ NEW = 24
 
 
 def worker(target, drafter, i, port=None):
-    labels = ["--enable-metrics", "--extra-metric-labels", '{"worker": "replica-%d"}' % i]
+    # 4 running at most: at concurrency 24 the survivor of a kill queues past SMG's overload threshold
+    # (8 waiting requests), which with a dead worker beside it made SMG answer 503 to everything
+    labels = [
+        "--enable-metrics",
+        "--extra-metric-labels",
+        '{"worker": "replica-%d"}' % i,
+        "--max-running-requests",
+        "4",
+    ]
     return launch(target, drafter, "float32", extra=labels, name=f"dflash-replica-{i}", port=port, env=worker_env(i, 2))
 
 
@@ -155,7 +163,10 @@ def test_a_worker_killed_under_load_loses_no_token(pair_models, replicas):
     killer.join()
     wrong = [(i, ids) for i, ids, _ in done if ids != refs[i]]
     time.sleep(6)  # health checks mark the dead worker
-    after, after_errors = load(front, n=16)
+    after, after_errors, until = [], [], time.time() + 25  # the survivor alone, queued past 8 for
+    while time.time() < until:  # longer than SMG's 10-s load poll, so the gateway sees the queue
+        d, e = load(front, n=48, workers=24)
+        after, after_errors = after + d, after_errors + e
     with worker(target, drafter, 1, port=p1) as again:  # the same URL: the router's worker comes back
         deadline, rejoined = time.time() + 120, False
         while not rejoined and time.time() < deadline:

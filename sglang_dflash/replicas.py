@@ -48,10 +48,14 @@ def router_cmd(
     smg = shutil.which("smg") or os.path.join(os.path.dirname(sys.executable), "smg")
     # SMG's one --api-key both gates its clients and authenticates it to workers that were given it
     key = ["--api-key", api_key] if api_key else []
+    # Overload protection off: SMG 1.13 leaves a worker with 8 queued requests out of routing while
+    # another is "under the thresholds", and a dead worker counts as under them, so with one worker
+    # killed it answered 503 no_available_workers to the survivor's traffic too (bench/soak_day.py).
+    # The workers queue their own overflow (SGLang's scheduler); cache_aware still balances load.
     return [
         smg, "launch", "--host", host, "--port", str(port), "--worker-urls", *urls, "--policy", policy,
         "--prometheus-port", str(metrics_port), "--health-check-interval-secs", "2",
-        "--health-failure-threshold", "2", "--log-level", "warn", *key,
+        "--health-failure-threshold", "2", "--disable-worker-overload-protection", "--log-level", "warn", *key,
     ]  # fmt: skip
 
 
