@@ -56,7 +56,7 @@ if os.environ.get("SGLANG_DFLASH_BUILD_EXT", "1") != "0":
     cpu_kernels = ("bf16_linear", "rope", "chain_attention", "rms_norm", "llama_layer", "packed_linear")
     sources = ["csrc/dflash_ops.cpp"] + [f"csrc/cpu/{name}_cpu.cpp" for name in cpu_kernels]
     # included headers; listed so sdists ship them
-    headers = ("chain_attention_body", "chain_attention_dp", "cpu_features", "cpu_ops", "bf16_vec")
+    headers = ("chain_attention_body", "chain_attention_dp", "cpu_features", "cpu_ops", "bf16_vec", "bf16_linear_dp")
     depends = ["csrc/accept_rule.h", "csrc/dflash_checks.h"] + [f"csrc/cpu/{name}.h" for name in headers]
     include_dirs = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")]
     want_cuda = os.environ.get("FORCE_CUDA") == "1" or bool(os.environ.get("CUDA_HOME"))

@@ -150,3 +150,20 @@ def test_threads_split_the_columns_bit_identically(M):
         torch.set_num_threads(threads)
     assert torch.equal(one, two)
     within_one_ulp(two, x, w, b)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_row_does_not_depend_on_the_rows_beside_it(bias):
+    """A verify of W rows must give each row what a narrower verify gives it, to the bit (the wide
+    block shapes only regroup the same dot products): every row count 3..13, 16, 24, 48, 64 against
+    3-row calls, and on the native-bf16 path (every row count one arithmetic) against 1-row calls.
+    Columns 0..133 cover the 4-column tiles and the column tail; K 576 and 1536 are the target's."""
+    for K in (576, 1536):
+        x, w, b = case(66, K, 134, bias, seed=K)
+        narrow3 = torch.cat([OPS.bf16_linear(x[i : i + 3], w, b) for i in range(0, 66, 3)])[:64]
+        one = torch.cat([OPS.bf16_linear(x[i : i + 1], w, b) for i in range(64)])
+        for M in [*range(3, 14), 16, 24, 48, 64]:
+            y = OPS.bf16_linear(x[:M], w, b)
+            assert torch.equal(y, narrow3[:M]), (K, M)
+            if kernels.cpu_isa()[0] in ("avx512bf16", "amx"):
+                assert torch.equal(y, one[:M]), (K, M)

@@ -9,13 +9,15 @@
 //   M > 2 (verify rows): widen 4 rows of W into an fp32 tile once, then 3 x rows x 4 W rows of
 //   fp32 dot products per pass over K (12 accumulators), so each widened W row serves all M rows.
 // Where the CPU has AVX512-BF16 (and K % 32 == 0), every M runs native bf16 dot products instead
-// (rows_dp): no widening, W streamed once for blocks of 4 x rows.
+// (rows_dp, bf16_linear_dp.h): no widening, W streamed once for blocks of up to 6 x rows.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <vector>
 
+#include "cpu/bf16_vec.h"
 #include "cpu/cpu_features.h"
 #include "dflash_checks.h"
 
@@ -147,52 +149,7 @@ SGLANG_DFLASH_AVX2 void rows_tiled(const float* x, int64_t M, const bf16* w, int
   tile_scalar(x, M, w, n, n1, K, b, y, N);
 }
 
-SGLANG_DFLASH_AVX512_WARNINGS_BEGIN
-// Native bf16 dot products (AVX512-BF16): vdpbf16ps multiplies 32 bf16 pairs exactly and adds them
-// into 16 fp32 lanes, so neither x nor W is widened. A block is MR x rows against NR W rows, 32 k a
-// step, MR * NR accumulators; the W rows stream from memory once (prefetched into L2 as above) and
-// every x row of the block reuses them from registers. K % 32 == 0.
-template <int MR, int NR>
-SGLANG_DFLASH_AVX512BF16 inline void dp_block(const bf16* x, int64_t K, const bf16* w, int64_t n, const bf16* b,
-                                              bf16* y, int64_t N) {
-  __m512 acc[MR][NR];
-  for (auto& row : acc)
-    for (auto& v : row) v = _mm512_setzero_ps();
-  const bf16* r = w + n * K;
-  for (int64_t k = 0; k < K; k += 32) {
-    __m512bh wv[NR];
-    for (int j = 0; j < NR; ++j) {
-      _mm_prefetch(reinterpret_cast<const char*>(r + j * K + k + PF), _MM_HINT_T1);
-      wv[j] = (__m512bh)_mm512_loadu_si512(r + j * K + k);
-    }
-    for (int i = 0; i < MR; ++i) {
-      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i * K + k);
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) y[i * N + n + j] = bf16(_mm512_reduce_add_ps(acc[i][j]) + (b ? widen(b[n + j]) : 0.f));
-}
-
-// Rows n0..n1 of W against all M x rows: 4 W rows at a time; up to 3 x rows one by one (the 4 W rows
-// stay in L1 between them), more in blocks of 4 (one W pass serves 4 rows from registers).
-// One thread, the embedded target's GEMMs a step (a standalone loop of these blocks): 13.1 ms at
-// 1 row, 12.4 at 2-3, 14.3 at 4, 17.1 at 8, 29.2 at 16, against 26.5 / 27 / 36 / 66 / 99 for the AVX2
-// path with its old L1 prefetch.
-SGLANG_DFLASH_AVX512BF16 void rows_dp(const bf16* x, int64_t M, const bf16* w, int64_t n0, int64_t n1, int64_t K,
-                                      const bf16* b, bf16* y, int64_t N) {
-  int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) {
-    int64_t m = 0;
-    if (M >= 4)
-      for (; m + 4 <= M; m += 4) dp_block<4, 4>(x + m * K, K, w, n, b, y + m * N, N);
-    for (; m < M; ++m) dp_block<1, 4>(x + m * K, K, w, n, b, y + m * N, N);
-  }
-  for (; n < n1; ++n)
-    for (int64_t m = 0; m < M; ++m) dp_block<1, 1>(x + m * K, K, w, n, b, y + m * N, N);
-}
-
-SGLANG_DFLASH_AVX512_WARNINGS_END
+#include "cpu/bf16_linear_dp.h"
 
 #endif
 

@@ -39,6 +39,25 @@ SGLANG_DFLASH_AVX512 inline __m512 load_bf16(const bf16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+// Sixteen horizontal sums at once, each in _mm512_reduce_add_ps's order (lane i + lane i+8, then
+// +4, +2, +1; a float add is commutative, so each sum is that function's to the bit), in 15 adds
+// where sixteen separate reductions take 64 and leave sixteen scalars to round one by one.
+// Result lane 4r + c is the sum of a[4c + r].
+SGLANG_DFLASH_AVX512 inline __m512 reduce_add_16(const __m512 (&a)[16]) {
+  __m512 s[8], z[4], e[2];
+  for (int p = 0; p < 8; ++p)
+    s[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int q = 0; q < 4; ++q)
+    z[q] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * q], s[2 * q + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(s[2 * q], s[2 * q + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int h = 0; h < 2; ++h)
+    e[h] = _mm512_add_ps(_mm512_shuffle_ps(z[2 * h], z[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(z[2 * h], z[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 SGLANG_DFLASH_AVX512_WARNINGS_END
 
 }  // namespace avx512
