@@ -124,6 +124,26 @@ def test_any_thread_split_gives_the_same_bits(dtype, B):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("prefix", [[300], [5, 300]])
+@pytest.mark.parametrize("heads", [(9, 3, 64), (4, 4, 32), (8, 2, 128)])
+def test_a_request_split_over_threads_gives_the_same_bits(prefix, heads):
+    """With fewer (request, KV head) units than threads x 4, bf16 on native dot products splits each
+    unit into chunks of whole passes (one 16-row verify: 3 units, 2 threads): 1 thread (no split),
+    2 and 3 threads (different splits), the same bits, causal and not."""
+    H, Hkv, D = heads
+    q, k, v, slots, pre = case(prefix, 16, H=H, Hkv=Hkv, D=D, dtype=torch.bfloat16, seed=5)
+    before = torch.get_num_threads()
+    try:
+        for causal in (True, False):
+            outs = []
+            for n in (1, 2, 3):
+                torch.set_num_threads(n)
+                outs.append(OPS.chain_attention(q, k, v, slots, pre, 0.125, causal))
+            assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2]), causal
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("B", [2, 3, 4])
 def test_rows_a_pass_leave_the_bits(causal, B):

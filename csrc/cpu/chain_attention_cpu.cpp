@@ -111,21 +111,29 @@ at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, c
     // in two halves left one thread waiting on the other (perf, 16 served requests x 4 rows: a third
     // of the second thread's time spinning). Longest first, each thread taking the next unit left:
     // every unit still computed alone, so the same bits in any order.
-    const int64_t units = bs * Hkv;
+    // Too few units for the threads (one request: 3 KV heads on 2 threads left one idle a third of
+    // the time): on the dp path a unit splits into chunks of whole passes, each computing its rows as
+    // the whole unit would.
+    const int64_t threads = at::get_num_threads(), rp = D == 32 ? 8 : D == 128 ? 2 : wide ? 6 : 4;
+    const int64_t passes = (B * (H / Hkv) + rp - 1) / rp;
+    const int64_t chunks =
+        dp && threads > 1 ? std::clamp<int64_t>((4 * threads + bs * Hkv - 1) / (bs * Hkv), 1, passes) : 1;
+    const int64_t per = (passes + chunks - 1) / chunks, units = bs * Hkv * chunks;
     std::vector<int64_t> order(units);
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return pp[a / Hkv] > pp[b / Hkv]; });
+    const auto req = [&](int64_t w) { return w / chunks / Hkv; };
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return pp[req(a)] > pp[req(b)]; });
     std::atomic<int64_t> next{0};
-    at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), units), 1, [&](int64_t, int64_t) {
+    at::parallel_for(0, std::min<int64_t>(threads, units), 1, [&](int64_t, int64_t) {
       for (int64_t k = next++; k < units; k = next++) {
-        const int64_t w = order[k], i = w / Hkv;
+        const int64_t c = order[k] % chunks, w = order[k] / chunks, i = w / Hkv;
         if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
 #if defined(__x86_64__)
           if (dp) {
             const auto f = D == 32   ? avx512::attend_dp<2>
                            : D == 64 ? (wide ? avx512::attend_dp<4, 6> : avx512::attend_dp<4>)
                                      : avx512::attend_dp<8>;
-            f(qp, kp, vp, sp + i * T, pp[i], B, H, Hkv, i, w % Hkv, sc, causal, op);
+            f(qp, kp, vp, sp + i * T, pp[i], B, H, Hkv, i, w % Hkv, sc, causal, op, c * per, (c + 1) * per);
             continue;
           }
 #endif

@@ -80,21 +80,26 @@ inline __m512 sum16(const __m512* v) {
 
 constexpr int64_t DP_AHEAD = 16;  // keys ahead whose rows are prefetched (a key scores faster here than in attend)
 
-// One request i, one KV head g, as attend(); DV = D / 16 (the fp32 registers of one head row),
-// RP query rows a pass (RP * DV value accumulators, RP * D / 32 query registers); D = 16 * DV and
-// D % 32 == 0. Each row's arithmetic is the same whatever RP (its own scores, sums and accumulators
-// in key order), so RP only sets how often a (request, KV head)'s keys and values are walked.
+// One request i, one KV head g, as attend(), its query rows [pass0 * RP, pass1 * RP) (a row r is
+// query head g * group + r % group of block row r / group): DV = D / 16 (the fp32 registers of one
+// head row), RP query rows a pass (RP * DV value accumulators, RP * D / 32 query registers); D = 16 *
+// DV and D % 32 == 0. Each row's arithmetic is the same whatever RP (its own scores, sums and
+// accumulators in key order), so RP only sets how often a (request, KV head)'s keys and values are
+// walked, and a range of whole passes computes its rows as the whole unit would.
 template <int DV, int RP = 16 / DV>
 void attend_dp(const at::BFloat16* q, const at::BFloat16* kc, const at::BFloat16* vc, const int64_t* slots,
                int64_t prefix, int64_t B, int64_t H, int64_t Hkv, int64_t i, int64_t g, float scale, bool causal,
-               at::BFloat16* out) {
+               at::BFloat16* out, int64_t pass0 = 0, int64_t pass1 = INT64_MAX / RP) {
   constexpr int64_t D = 16 * DV, KD = D / 32;
-  const int64_t group = H / Hkv, L = prefix + B, R = B * group, RPAD = (R + RP - 1) / RP * RP;
-  thread_local std::vector<float> s;
-  s.assign(RPAD * L, 0.f);  // rows past R and keys past a row's causal end stay 0: no weight
+  const int64_t group = H / Hkv, L = prefix + B, RALL = B * group;
+  const int64_t R0 = pass0 * RP, R = std::min(RALL, pass1 * RP), RPAD = (R - R0 + RP - 1) / RP * RP;
+  if (R <= R0) return;
+  thread_local std::vector<float> s_rows;
+  s_rows.assign(RPAD * L, 0.f);  // rows past R and keys past a row's causal end stay 0: no weight
+  float* s = s_rows.data();  // s[(r - R0) * L + j]: row r's score of key j
   const auto visible = [&](int64_t r) { return causal ? prefix + r / group + 1 : L; };
   const auto q_row = [&](int64_t r) { return q + ((i * B + r / group) * H + g * group + r % group) * D; };
-  for (int64_t r0 = 0; r0 < R; r0 += RP) {
+  for (int64_t r0 = R0; r0 < R; r0 += RP) {
     __m512bh qv[RP][KD];
     for (int64_t u = 0; u < RP; ++u)
       for (int64_t c = 0; c < KD; ++c)
@@ -112,7 +117,7 @@ void attend_dp(const at::BFloat16* q, const at::BFloat16* kc, const at::BFloat16
           for (int64_t c = 0; c < KD; ++c) a = _mm512_dpbf16_ps(a, qv[u][c], (__m512bh)_mm512_loadu_si512(k + 32 * c));
           acc[t] = a;
         }
-        _mm512_storeu_ps(s.data() + (r0 + u) * L + j, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+        _mm512_storeu_ps(s + (r0 - R0 + u) * L + j, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
       }
     }
     for (; j < n; ++j) {
@@ -123,18 +128,18 @@ void attend_dp(const at::BFloat16* q, const at::BFloat16* kc, const at::BFloat16
       for (int64_t u = 0; u < RP; ++u) {
         __m512 acc = _mm512_setzero_ps();
         for (int64_t c = 0; c < KD; ++c) acc = _mm512_dpbf16_ps(acc, qv[u][c], kv[c]);
-        s[(r0 + u) * L + j] = _mm512_reduce_add_ps(acc) * scale;
+        s[(r0 - R0 + u) * L + j] = _mm512_reduce_add_ps(acc) * scale;
       }
     }
   }
   std::vector<float> w(RPAD, 0.f);
-  for (int64_t r = 0; r < R; ++r) {
-    float* row = s.data() + r * L;
+  for (int64_t r = R0; r < R; ++r) {
+    float* row = s + (r - R0) * L;
     const int64_t n = visible(r);
-    w[r] = 1.f / exp_sum16(row, n, row_max16(row, n));
+    w[r - R0] = 1.f / exp_sum16(row, n, row_max16(row, n));
     for (int64_t j = n; j < L; ++j) row[j] = 0.f;  // scored in its pass, not visible to this row
   }
-  for (int64_t r0 = 0; r0 < R; r0 += RP) {
+  for (int64_t r0 = R0; r0 < R; r0 += RP) {
     __m512 acc[RP][DV];
     for (auto& row : acc)
       for (auto& v : row) v = _mm512_setzero_ps();
@@ -145,14 +150,15 @@ void attend_dp(const at::BFloat16* q, const at::BFloat16* kc, const at::BFloat16
       __m512 vf[DV];
       for (int64_t c = 0; c < DV; ++c) vf[c] = load_bf16(v + 16 * c);
       for (int64_t u = 0; u < RP; ++u) {
-        const __m512 p = _mm512_set1_ps(s[(r0 + u) * L + j]);
+        const __m512 p = _mm512_set1_ps(s[(r0 - R0 + u) * L + j]);
         for (int64_t c = 0; c < DV; ++c) acc[u][c] = _mm512_fmadd_ps(p, vf[c], acc[u][c]);
       }
     }
     for (int64_t u = 0; u < RP && r0 + u < R; ++u) {
       const int64_t r = r0 + u;
       float o[D];
-      for (int64_t c = 0; c < DV; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[u][c], _mm512_set1_ps(w[r])));
+      for (int64_t c = 0; c < DV; ++c)
+        _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[u][c], _mm512_set1_ps(w[r - R0])));
       at::BFloat16* dst = out + ((i * B + r / group) * H + g * group + r % group) * D;
       for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<at::BFloat16>(o[d]);
     }
