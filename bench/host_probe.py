@@ -1,8 +1,10 @@
-"""The host facts a bench row needs to be compared with another host's: the CPU's ISA flags and the
-memory read bandwidth of one core and of all cores, measured by one fixed probe.
+"""The host facts a bench row needs to be compared with another host's: the CPU's ISA flags, the
+memory read bandwidth of one core and of all cores, and the arithmetic peak of the instructions our
+GEMMs run (vdpbf16ps where the CPU has AVX512-BF16, AVX2 FMAs), measured by fixed probes.
 
-Why a probe: a batch-1 decode step streams every weight once, so the bandwidth bounds it; two hosts
-with the same `model name` string can differ 2x in it (cloud VMs share sockets).
+Why probes: a batch-1 decode step streams every weight once, so the bandwidth bounds it; a verify of
+many rows does the arithmetic of all of them, so the peak bounds that (the roofline of a step is
+whichever is slower); two hosts with the same `model name` string can differ 2x in either.
 
 The probe (fixed, so rows stay comparable): a 1 GiB float32 buffer (far beyond any L3) summed by
 torch, best of 3 reads, on 1 thread and then on every core of this process's affinity mask.
@@ -94,21 +96,69 @@ def read_gbs(threads: int, nbytes: int = PROBE_BYTES, reads: int = PROBE_READS) 
         torch.set_num_threads(before)
 
 
+# 12 independent accumulator chains per thread (more than latency x issue width on any x86 we met),
+# registers only: the instruction's throughput on this host, what no GEMM can beat.
+PEAK_C = r"""
+#include <immintrin.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#define LOOP(T, ZERO, OP) { T acc[12]; for (int i = 0; i < 12; ++i) acc[i] = ZERO; \
+  for (long it = 0; it < iters; ++it) { _Pragma("GCC unroll 12") for (int i = 0; i < 12; ++i) acc[i] = OP; \
+    __asm__ volatile("" : "+x"(a)); } \
+  float s[16]; for (int i = 1; i < 12; ++i) acc[0] = acc[0] + acc[i]; *(T*)s = acc[0]; sink += s[0]; }
+__attribute__((target("avx512f,avx512bf16"))) static float dot(long iters) {
+  float sink = 0; __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = a;
+  LOOP(__m512, _mm512_setzero_ps(), _mm512_dpbf16_ps(acc[i], a, b)) return sink; }
+__attribute__((target("avx2,fma"))) static float fma(long iters) {
+  float sink = 0; __m256 a = _mm256_set1_ps(1.f), b = a;
+  LOOP(__m256, _mm256_setzero_ps(), _mm256_fmadd_ps(a, b, acc[i])) return sink; }
+int main(int argc, char** argv) {  /* argv: dot|fma threads -> GFLOP/s, best of 3 */
+  int bf = argv[1][0] == 'd', n = atoi(argv[2]); long iters = 20000000; double best = 0;
+  for (int r = 0; r < 3; ++r) { double t = omp_get_wtime(); float sink = 0;
+#pragma omp parallel num_threads(n) reduction(+ : sink)
+    sink += bf ? dot(iters) : fma(iters);
+    t = omp_get_wtime() - t; if (sink == 1.5f) puts("");
+    double g = 12.0 * iters * n * (bf ? 64 : 16) / t / 1e9; if (g > best) best = g; }
+  printf("%.0f\n", best); }
+"""
+
+
+def peak_gflops(kind: str, threads: int) -> float | None:
+    """GFLOP/s of `kind` ('dot': vdpbf16ps on 512 bits, 64 flops; 'fma': 256-bit FMA, 16) on
+    `threads` threads, from PEAK_C compiled once into the cache; None where it cannot build."""
+    exe = os.path.join(os.path.dirname(CACHE), "peak_probe")
+    if not os.path.exists(exe):
+        src = exe + ".c"
+        os.makedirs(os.path.dirname(CACHE), exist_ok=True)
+        with open(src, "w") as f:
+            f.write(PEAK_C)
+        if subprocess.run(["cc", "-O3", "-fopenmp", src, "-o", exe], capture_output=True).returncode:
+            return None
+    p = subprocess.run([exe, kind, str(threads)], capture_output=True, text=True, timeout=60)
+    return float(p.stdout) if p.returncode == 0 else None
+
+
 def measure() -> dict:
     n = cores()
-    return {
+    _, flags = cpuinfo()
+    out = {
         "read_gbs_1core": read_gbs(1),
         "read_gbs_all": read_gbs(n),
         "read_gbs_threads": n,
         "probe": f"torch float32 sum of {PROBE_BYTES >> 20} MiB, best of {PROBE_READS}",
     }
+    for kind, flag in (("dot", "avx512_bf16"), ("fma", "fma")):
+        if flag in flags:
+            out[f"{kind}_gflops_1core"], out[f"{kind}_gflops_all"] = peak_gflops(kind, 1), peak_gflops(kind, n)
+    return out
 
 
 def bandwidth(fresh: bool = False) -> dict:
     """The probe's numbers for this boot and CPU: from the cache, else measured in a child process
     (so the caller's torch thread settings and memory are untouched) and cached."""
     model, _ = cpuinfo()
-    key = f"{boot_id()}|{model}|{cores()}"
+    key = f"{boot_id()}|{model}|{cores()}|peak"  # |peak: entries from before the peak probe miss
     if not fresh:
         try:
             with open(CACHE) as f:

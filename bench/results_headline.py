@@ -58,10 +58,15 @@ def host_line(d: dict) -> str | None:
     bw = h.get("bandwidth") or {}
     if not h.get("isa") or "read_gbs_1core" not in bw:
         return None
+    peak = next((f"; {bw[k]:.0f} GFLOP/s of {n} on all" for k, n in PEAKS if bw.get(k)), "")
     return (
         f"- host: {h.get('cores')} cores of {h.get('cpu')} ({', '.join(h['isa'])}); memory read "
-        f"{bw['read_gbs_1core']} GB/s on one core, {bw['read_gbs_all']} GB/s on {bw['read_gbs_threads']}."
+        f"{bw['read_gbs_1core']} GB/s on one core, {bw['read_gbs_all']} GB/s on {bw['read_gbs_threads']}{peak}."
     )
+
+
+# the arithmetic peak a host line names (bench/host_probe.py): the bf16 dot products where measured
+PEAKS = (("dot_gflops_all", "bf16 dot products"), ("fma_gflops_all", "fp32 FMAs"))
 
 
 def three_arm(rs: list[dict], ship: str | None, weights: str = "") -> tuple[list[str], list[dict]]:
