@@ -7,7 +7,7 @@
 SGLANG_DFLASH_AVX512_WARNINGS_BEGIN
 // Native bf16 dot products (AVX512-BF16): vdpbf16ps multiplies 32 bf16 pairs exactly and adds them
 // into 16 fp32 lanes, so neither x nor W is widened. A block is MR x rows against NR W rows, 32 k a
-// step, MR * NR accumulators; the W rows stream from memory once (prefetched into L2 as above) and
+// step, MR * NR accumulators; the W rows stream from memory once (prefetched into L2, as rows_stream does) and
 // every x row of the block reuses them from registers. K % 32 == 0.
 template <int MR, int NR>
 SGLANG_DFLASH_AVX512BF16 inline void dp_block(const bf16* x, int64_t K, const bf16* w, int64_t n, const bf16* b,

@@ -22,7 +22,9 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 // The kernel body passes 8-float vectors between inline helpers of this file only; the baseline
@@ -103,6 +105,16 @@ at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, c
   // bf16 on native bf16 dot products where the CPU has them (head dims of 32, 64, 128)
   [[maybe_unused]] const bool dp =
       has_avx512_bf16() && q.scalar_type() == at::kBFloat16 && (D == 32 || D == 64 || D == 128);
+  // the dp kernel for this head dim and its query rows a pass (its RP), chosen once
+  int64_t rp = 1;
+#if defined(__x86_64__)
+  auto attend = &avx512::attend_dp<4, 4>;
+  if (dp)
+    std::tie(attend, rp) = D == 32    ? std::pair{&avx512::attend_dp<2, 8>, int64_t{8}}
+                           : D == 128 ? std::pair{&avx512::attend_dp<8, 2>, int64_t{2}}
+                           : wide     ? std::pair{&avx512::attend_dp<4, 6>, int64_t{6}}
+                                      : std::pair{&avx512::attend_dp<4, 4>, int64_t{4}};
+#endif
   auto run = [&](auto* tag) {  // float32 or bfloat16 only (checked above): no kernel for other dtypes
     using scalar_t = std::remove_pointer_t<decltype(tag)>;
     const scalar_t *qp = qc.data_ptr<scalar_t>(), *kp = kc.data_ptr<scalar_t>(), *vp = vc.data_ptr<scalar_t>();
@@ -114,7 +126,7 @@ at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, c
     // Too few units for the threads (one request: 3 KV heads on 2 threads left one idle a third of
     // the time): on the dp path a unit splits into chunks of whole passes, each computing its rows as
     // the whole unit would.
-    const int64_t threads = at::get_num_threads(), rp = D == 32 ? 8 : D == 128 ? 2 : wide ? 6 : 4;
+    const int64_t threads = at::get_num_threads();
     const int64_t passes = (B * (H / Hkv) + rp - 1) / rp;
     const int64_t chunks =
         dp && threads > 1 ? std::clamp<int64_t>((4 * threads + bs * Hkv - 1) / (bs * Hkv), 1, passes) : 1;
@@ -130,10 +142,7 @@ at::Tensor chain_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, c
         if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
 #if defined(__x86_64__)
           if (dp) {
-            const auto f = D == 32   ? avx512::attend_dp<2>
-                           : D == 64 ? (wide ? avx512::attend_dp<4, 6> : avx512::attend_dp<4>)
-                                     : avx512::attend_dp<8>;
-            f(qp, kp, vp, sp + i * T, pp[i], B, H, Hkv, i, w % Hkv, sc, causal, op, c * per, (c + 1) * per);
+            attend(qp, kp, vp, sp + i * T, pp[i], B, H, Hkv, i, w % Hkv, sc, causal, op, c * per, (c + 1) * per);
             continue;
           }
 #endif
