@@ -16,7 +16,8 @@
 #    plus the target's answers to long prompts: a whole installed file or document, then a question,
 #    train/long_prompts.py; several hundred to ~1,300 tokens of prompt before each answer),
 #    distil-t1 / distil-t07 (pure distillation to the stored top-32 at T = 1 / 0.7: judged on the
-#    sampled walk, train/tempered_distil.py).
+#    sampled walk, train/tempered_distil.py). SIDE_BY_SIDE=1 trains the arms at once, one core and
+#    one thread each (two arms on this 2-core host: each arm's minutes are wall minutes on one core).
 # 4. bench/drafter_arms.py over parent + arms on the templated held-out answers and the unseen set
 #    (SKIP_WALKS=1: arms only; a later run with the same WORKDIR walks them all).
 set -euo pipefail
@@ -61,6 +62,7 @@ if [[ " $ARMS " == *" long "* ]] && [ ! -e "$W/long/features.done" ]; then
   touch "$W/long/features.done"
 fi
 
+pids=()
 COMMON=(--seed 9 --keep-draft-vocab --lr 3e-4 --warmup-steps 200 --ckpt-minutes 3)
 for arm in $ARMS; do
   A="$W/arm-$arm"
@@ -83,9 +85,16 @@ for arm in $ARMS; do
     *) echo "unknown arm $arm" >&2; exit 2 ;;
   esac
   log "arm $arm: $M minutes"
-  $T train --workdir "$A" --init-from "$init" "${COMMON[@]}" --train-minutes "$M" "${extra[@]}" \
-    > "$A/train.log" 2>&1
+  if [ "${SIDE_BY_SIDE:-0}" = 1 ]; then
+    OMP_NUM_THREADS=1 $T train --workdir "$A" --init-from "$init" "${COMMON[@]}" --train-minutes "$M" \
+      --threads 1 "${extra[@]}" > "$A/train.log" 2>&1 &
+    pids+=($!)
+  else
+    $T train --workdir "$A" --init-from "$init" "${COMMON[@]}" --train-minutes "$M" "${extra[@]}" \
+      > "$A/train.log" 2>&1
+  fi
 done
+for p in "${pids[@]}"; do wait "$p"; done  # a failed arm stops the script
 
 [ "${SKIP_WALKS:-0}" = 1 ] && { log "walks skipped (SKIP_WALKS=1)"; exit 0; }
 log walks
