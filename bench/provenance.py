@@ -138,6 +138,7 @@ def arm(name: str, draft: str, extra: list[str], match_sched: bool):
     `adaptive-t2`) runs the server's forward on N OpenMP threads (SGLANG_DFLASH_CPU_THREADS; the CPU
     default is the rank's cores); a `-packed` suffix packs the target's weights for oneDNN
     (SGLANG_DFLASH_CPU_OPS packed=1), an `-unpacked` one leaves them as torch holds them (packed=0); a
+    `-margin<M>` suffix (e.g. `adaptive-margin0`) sets the controller's SGLANG_DFLASH_WIDEN_MARGIN; a
     `-sched` suffix adds SCHED_FLAGS (e.g. `plain-sched`: plain without overlap scheduling, beside `plain`)."""
     from sglang_dflash import env
 
@@ -150,6 +151,10 @@ def arm(name: str, draft: str, extra: list[str], match_sched: bool):
             d, flags, environ = arm(name.removesuffix(suffix), draft, extra, match_sched)
             ops = env.cpu_ops_with(environ.get(env.CPU_OPS.name, ""), packed=value)
             return d, flags, {**environ, env.CPU_OPS.name: ops}
+    base, _, margin = name.rpartition("-margin")
+    if base and margin.replace(".", "", 1).isdigit():
+        d, flags, environ = arm(base, draft, extra, match_sched)
+        return d, flags, {**environ, env.WIDEN_MARGIN.name: margin}
     base, _, threads = name.rpartition("-t")
     if base and threads.isdigit():
         d, flags, environ = arm(base, draft, extra, match_sched)

@@ -126,6 +126,17 @@ def test_a_sched_arm_is_its_base_with_dflashs_scheduler_flags():
     assert provenance.arm("plain", "unused", ["--enable-metrics"], False)[1] == ["--enable-metrics"]
 
 
+def test_a_margin_arm_sets_the_controllers_widen_margin():
+    import sglang_dflash
+
+    shipped = os.path.join(os.path.dirname(sglang_dflash.__file__), "drafters", "smollm2-135m-instruct-dflash")
+    draft, flags, environ = provenance.arm("adaptive-margin0.1", shipped, [], False)
+    assert environ == {"SGLANG_DFLASH_WIDEN_MARGIN": "0.1"} and draft == shipped
+    assert provenance.arm("adaptive-margin0", shipped, [], False)[2] == {"SGLANG_DFLASH_WIDEN_MARGIN": "0"}
+    with pytest.raises(SystemExit, match="unknown arm"):
+        provenance.arm("adaptive-marginx", shipped, [], False)
+
+
 def test_bf16_match_reports_each_first_divergence_and_its_gap():
     from bf16_match import compare
 

@@ -183,6 +183,19 @@ def test_a_pinned_width_whose_backend_fails_plays_the_block(sglang_fakes, monkey
     assert ctl.mode == "fixed" and ctl.choose(3) == 8
 
 
+def test_the_widen_margin_is_read_at_start_up_and_a_bad_one_names_the_variable(sglang_fakes, monkeypatch):
+    vw = verify_widths.for_sglang(sglang_fakes(), 8, [1, 2, 4, 8])
+    assert step_profile.make_controller(worker_over(vw)).widen_margin == 0.05
+    monkeypatch.setenv("SGLANG_DFLASH_WIDEN_MARGIN", "0.2")
+    assert step_profile.make_controller(worker_over(vw)).widen_margin == 0.2
+    for bad, says in (("-0.1", "expected a margin >= 0"), ("lots", "expected a number")):
+        monkeypatch.setenv("SGLANG_DFLASH_WIDEN_MARGIN", bad)
+        with pytest.raises(ValueError, match=f"SGLANG_DFLASH_WIDEN_MARGIN={bad!r}|SGLANG_DFLASH_WIDEN_MARGIN=-0.1"):
+            step_profile.make_controller(worker_over(vw))
+        with pytest.raises(ValueError, match=says):
+            step_profile.make_controller(worker_over(vw))
+
+
 def test_one_error_in_every_width_logs_its_traceback_once(sglang_fakes, caplog):
     vw = verify_widths.for_sglang(sglang_fakes(broken=(1, 2, 4)), 8, [1, 2, 4, 8])
     assert vw.failed == {1, 2, 4} and not vw.states

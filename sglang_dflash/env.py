@@ -170,6 +170,13 @@ FORK_START = EnvVar(
     "CPU: fork SGLang's scheduler and detokenizer from the launching process instead of spawning "
     "them (they skip re-importing SGLang); 0: spawn",
 )
+WIDEN_MARGIN = EnvVar(
+    "SGLANG_DFLASH_WIDEN_MARGIN",
+    float,
+    0.05,
+    "how much faster (relative) the width controller must expect a speculative step to be than plain "
+    "decoding before it speculates (pipeline/width.py); 0: whichever estimate is higher",
+)
 PROFILE_BUDGET = EnvVar(
     "SGLANG_DFLASH_PROFILE_BUDGET",
     int,

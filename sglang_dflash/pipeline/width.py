@@ -16,6 +16,9 @@ tokens per request. The controller picks, before each step, the W of a small fix
   the slow ones, so a pooled estimate alone over-widens exactly when few rows remain.
 - cost(bs, W) is the start-up profile (forced monotone in bs and W), corrected online by the ratio
   of observed to profiled step times per width (pipeline/step_cost.py).
+- Speculating must beat plain decoding by `widen_margin` (relative): the estimates are noisy and a
+  width is chosen because its estimate is high, so within the margin the expected gain is smaller
+  than the error, and a wide step that does not pay costs the draft forward and the extra rows.
 - A step only observes the positions it verifies; counts past its width age 8x slower, so what a
   wider step measured is kept (not re-learnt by a wide step every few dozen steps). While W = 1
   nothing is observed and all counts age; a probe step at the best W > 1 runs every so often,
@@ -136,6 +139,7 @@ class WidthController:
         probe_budget: float = 0.02,
         cycle: Optional[Sequence[int]] = None,
         row_prior: float = 4.0,
+        widen_margin: float = 0.05,
     ):
         """widths_for_bs {min_bs: [W, ...]}: the candidates for batches of at least min_bs requests."""
         self.block, self.cost, self.fixed, self.probe_budget = block, cost, fixed, probe_budget
@@ -148,7 +152,7 @@ class WidthController:
         self.last_rates: dict = {}
         self.last_choice = (0, 0)
         self.row_stats: dict = {}  # request key -> its own AcceptanceStats (smoothed toward the pooled)
-        self.row_prior = row_prior
+        self.row_prior, self.widen_margin = row_prior, widen_margin
         self.chosen: Counter = Counter()
 
     @property
@@ -215,6 +219,8 @@ class WidthController:
             return max(cands)
         rates = self.last_rates = self.rates(bs, n_sampled, rows)
         best = max(cands, key=lambda w: (rates[w], -w))
+        if 1 in rates and rates[best] < (1.0 + self.widen_margin) * rates[1]:
+            best = 1
         wider = [w for w in cands if w > 1]
         if best != 1 or not wider:
             self.since_probe = 0

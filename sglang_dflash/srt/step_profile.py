@@ -85,7 +85,10 @@ def make_controller(worker) -> WidthController:
         max_running = worker.server_args.max_running_requests or 48
         sizes = profile_batch_sizes(min(max_running, worker.model_runner.req_to_token_pool.size - 1))
         cost = profile_cache.cached_costs(worker, played_widths(worker), sizes, profile_costs)
-    ctl = WidthController(block, cost, widths_for_bs, fixed=fixed, debug_seed=seed, cycle=cycle)
+    margin = env.WIDEN_MARGIN.get()
+    if margin < 0:
+        raise ValueError(f"{env.WIDEN_MARGIN.name}={margin}: expected a margin >= 0 (e.g. 0.05)")
+    ctl = WidthController(block, cost, widths_for_bs, fixed=fixed, debug_seed=seed, cycle=cycle, widen_margin=margin)
     dropped = f" (not played, their verify backend failed: {sorted(_dropped(worker))})" if _dropped(worker) else ""
     logger.info("DFLASH verify width: %s, candidates by batch size %s%s", ctl.mode, widths_for_bs, dropped)
     return ctl
