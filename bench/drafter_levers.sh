@@ -14,7 +14,9 @@
 #    init), distil (--distil 0.5), shape (gamma 7, 32 anchors x 4 sequences per step), dflash2 (DFlash 2
 #    grown from it: convolutions and the path selector trained, train/dflash2.py), long (the same data
 #    plus the target's answers to long prompts: a whole installed file or document, then a question,
-#    train/long_prompts.py; several hundred to ~1,300 tokens of prompt before each answer),
+#    train/long_prompts.py; several hundred to ~1,300 tokens of prompt before each answer), dflash2-long
+#    (the two together), followup (the same data plus a second turn after each templated answer:
+#    the earlier conversation, the target's own answer, a follow-up question; train/followup_prompts.py),
 #    distil-t1 / distil-t07 (pure distillation to the stored top-32 at T = 1 / 0.7: judged on the
 #    sampled walk, train/tempered_distil.py). SIDE_BY_SIDE=1 trains the arms at once, one core and
 #    one thread each (two arms on this 2-core host: each arm's minutes are wall minutes on one core).
@@ -50,7 +52,7 @@ if [ ! -e "$W/data/features.done" ]; then  # once: a rerun must not grow the arm
   touch "$W/data/features.done"
 fi
 
-if [[ " $ARMS " == *" long "* ]] && [ ! -e "$W/long/features.done" ]; then
+if [[ " $ARMS " == *" long "* || " $ARMS " == *" dflash2-long "* ]] && [ ! -e "$W/long/features.done" ]; then
   log "long-prompt answers (a whole installed file or document, then a question) + their features"
   mkdir -p "$W/long"
   for s in 0 1; do  # two shards side by side, both through DFLASH (same chains)
@@ -63,6 +65,18 @@ if [[ " $ARMS " == *" long "* ]] && [ ! -e "$W/long/features.done" ]; then
 fi
 
 pids=()
+if [[ " $ARMS " == *" followup "* ]] && [ ! -e "$W/followup/features.done" ]; then
+  log "second turns after the templated answers (followup_prompts.py) + their features"
+  mkdir -p "$W/followup"
+  for s in 0 1; do  # two shards side by side, both through DFLASH (same chains)
+    OMP_NUM_THREADS=1 $T datagen --workdir "$W/followup" --prompts followup --followup-of "$W/data" --n 1000 \
+      --seed 9 --shard $s --shards 2 --datagen-minutes 12 --datagen-draft "$PARENT" > "$W/followup/datagen.$s.log" 2>&1 &
+  done
+  wait
+  $T features --workdir "$W/followup" --features-minutes 12 --min-train-minutes 0 --no-text
+  touch "$W/followup/features.done"
+fi
+
 COMMON=(--seed 9 --keep-draft-vocab --lr 3e-4 --warmup-steps 200 --ckpt-minutes 3)
 for arm in $ARMS; do
   A="$W/arm-$arm"
@@ -80,8 +94,11 @@ for arm in $ARMS; do
     distil-t07) extra=(--distil 1.0 --distil-temperature 0.7) ;;  # the same at T = 0.7 (tempered_distil.py)
     shape) extra=(--gamma 7 --anchors 32 --seqs 4) ;;
     long) extra=(--extra-features "$W/long") ;;  # the same data plus the long-prompt answers
+    followup) extra=(--extra-features "$W/followup") ;;  # the same data plus second turns after its answers
     dflash2) $T dflash2 --drafter "$PARENT" --out "$W/dflash2"   # identity convolutions, a zero selector
              init=$W/dflash2 ;;
+    dflash2-long) $T dflash2 --drafter "$PARENT" --out "$W/dflash2"  # DFlash 2 on the long-prompt answers too
+                  init=$W/dflash2; extra=(--extra-features "$W/long") ;;
     *) echo "unknown arm $arm" >&2; exit 2 ;;
   esac
   log "arm $arm: $M minutes"

@@ -67,11 +67,13 @@ def parse_args(argv=None, description: str = "Train a DFlash drafter, each stage
     )
     ap.add_argument(
         "--prompts",
-        choices=["templates", "corpus", "long"],
+        choices=["templates", "corpus", "long", "followup"],
         default="templates",
-        help="datagen's prompts: prompts.py's templates, the corpus documents' user turns, or long "
-        "prompts (a whole installed file or document, then a question: long_prompts.py)",
+        help="datagen's prompts: prompts.py's templates, the corpus documents' user turns, long "
+        "prompts (a whole installed file or document, then a question: long_prompts.py), or a second "
+        "turn after an earlier datagen's answers (--followup-of, followup_prompts.py)",
     )
+    ap.add_argument("--followup-of", help="--prompts followup: the earlier datagen workdir (its --seed too)")
     ap.add_argument("--no-text", action="store_true", help="answers only (no corpus, no documents)")
     ap.add_argument("--draft-vocab", type=int, default=0, help="train over a reduced draft vocabulary (0: full)")
     ap.add_argument("--keep-draft-vocab", action="store_true", help="train over --init-from's draft vocabulary")

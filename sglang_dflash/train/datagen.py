@@ -13,6 +13,7 @@ data.jsonl), so N processes, one per core, generate side by side: one Engine dec
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -30,12 +31,28 @@ def answer_files(workdir: str) -> list[str]:
 
 
 def shard_prompts(
-    n: int, seed: int, shard: int, shards: int, done: set, source: str = "templates", exclude=frozenset()
+    n: int,
+    seed: int,
+    shard: int,
+    shards: int,
+    done: set,
+    source: str = "templates",
+    exclude=frozenset(),
+    followup_of: str | None = None,
+    decode=None,
 ) -> list[dict]:
     """Shard `shard` of `shards`: every shards-th of the first n prompts, those not answered yet.
     source: "templates" (prompts.py), "corpus" (the corpus documents' user turns, those in
-    `exclude` left out) or "long" (long_prompts.py: whole files and documents, then a question)."""
-    if source == "corpus":
+    `exclude` left out), "long" (long_prompts.py: whole files and documents, then a question) or
+    "followup" (followup_prompts.py: a second turn after the answers in `followup_of`; decode: the
+    tokenizer's ids -> text)."""
+    if source == "followup":
+        from sglang_dflash.train.followup_prompts import followup_prompts, read_answers
+
+        if not followup_of:
+            raise ValueError("--prompts followup needs --followup-of EARLIER_WORKDIR (an earlier datagen's answers)")
+        prompts = followup_prompts(read_answers(followup_of), seed, decode)[:n]
+    elif source == "corpus":
         from sglang_dflash.train.corpus import ask_prompts
 
         prompts = ask_prompts(seed, exclude)[:n]
@@ -46,7 +63,7 @@ def shard_prompts(
     elif source == "templates":
         prompts = generate(n, seed)
     else:
-        raise ValueError(f"--prompts {source!r}: use 'templates', 'corpus' or 'long'")
+        raise ValueError(f"--prompts {source!r}: use 'templates', 'corpus', 'long' or 'followup'")
     return [p for i, p in enumerate(prompts) if i % shards == shard and p["id"] not in done]
 
 
@@ -85,6 +102,7 @@ def run(
     source: str = "templates",
     exclude=frozenset(),
     draft: str | None = None,
+    followup_of: str | None = None,
 ) -> dict:
     """Generate answers for the first n prompts (this shard's) of `source` (shard_prompts); stop
     starting new batches after `deadline` (epoch s); draft: decode with DFLASH speculation."""
@@ -94,11 +112,12 @@ def run(
     os.makedirs(workdir, exist_ok=True)
     out_path = os.path.join(workdir, f"data.{shard}.jsonl" if shard else "data.jsonl")
     done = set().union(*(done_ids(f) for f in answer_files(workdir)))
-    todo = shard_prompts(n, seed, shard, shards, done, source, exclude)
+    tok = AutoTokenizer.from_pretrained(model)
+    decode = functools.partial(tok.decode, skip_special_tokens=True)
+    todo = shard_prompts(n, seed, shard, shards, done, source, exclude, followup_of, decode)
     stats = {"skipped": len(done), "written": 0, "tokens": 0, "wall_s": 0.0}
     if not todo:
         return stats
-    tok = AutoTokenizer.from_pretrained(model)
     eng = make_engine(model, dtype, max_total_tokens, draft)
     sp = {"max_new_tokens": max_new_tokens, "temperature": 0}
     t0 = time.time()

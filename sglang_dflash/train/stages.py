@@ -65,6 +65,7 @@ def datagen(a, b: Budget) -> None:
         source=a.prompts,
         exclude=b.held,
         draft=a.datagen_draft,
+        followup_of=a.followup_of,
     )
 
 
@@ -78,6 +79,7 @@ def start_datagen_shards(a, b: Budget) -> subprocess.Popen | None:
     argv += ["--min-train-minutes", "0", "--export-margin-minutes", "0", "--shards", str(a.datagen_procs)]
     argv += ["--prompts", a.prompts] + (["--exclude-docs", a.exclude_docs] if a.exclude_docs else [])
     argv += ["--datagen-draft", a.datagen_draft] if a.datagen_draft else []
+    argv += ["--followup-of", a.followup_of] if a.followup_of else []
     from sglang_dflash.env import CPU_THREADS
 
     # one OpenMP thread whatever the caller exported, the shard's scheduler too (cpu/cpu_threads.py):
