@@ -185,7 +185,7 @@ def test_a_pinned_width_whose_backend_fails_plays_the_block(sglang_fakes, monkey
 
 def test_the_widen_margin_is_read_at_start_up_and_a_bad_one_names_the_variable(sglang_fakes, monkeypatch):
     vw = verify_widths.for_sglang(sglang_fakes(), 8, [1, 2, 4, 8])
-    assert step_profile.make_controller(worker_over(vw)).widen_margin == 0.05
+    assert step_profile.make_controller(worker_over(vw)).widen_margin == 0.0
     monkeypatch.setenv("SGLANG_DFLASH_WIDEN_MARGIN", "0.2")
     assert step_profile.make_controller(worker_over(vw)).widen_margin == 0.2
     for bad, says in (("-0.1", "expected a margin >= 0"), ("lots", "expected a number")):

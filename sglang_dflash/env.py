@@ -173,9 +173,10 @@ FORK_START = EnvVar(
 WIDEN_MARGIN = EnvVar(
     "SGLANG_DFLASH_WIDEN_MARGIN",
     float,
-    0.05,
+    0.0,
     "how much faster (relative) the width controller must expect a speculative step to be than plain "
-    "decoding before it speculates (pipeline/width.py); 0: whichever estimate is higher",
+    "decoding before it speculates (pipeline/width.py); 0: whichever estimate is higher (measured "
+    "best: docs/decisions/2026-12-07-widen-margin.md)",
 )
 PROFILE_BUDGET = EnvVar(
     "SGLANG_DFLASH_PROFILE_BUDGET",

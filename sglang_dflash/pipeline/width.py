@@ -16,9 +16,8 @@ tokens per request. The controller picks, before each step, the W of a small fix
   the slow ones, so a pooled estimate alone over-widens exactly when few rows remain.
 - cost(bs, W) is the start-up profile (forced monotone in bs and W), corrected online by the ratio
   of observed to profiled step times per width (pipeline/step_cost.py).
-- Speculating must beat plain decoding by `widen_margin` (relative): the estimates are noisy and a
-  width is chosen because its estimate is high, so within the margin the expected gain is smaller
-  than the error, and a wide step that does not pay costs the draft forward and the extra rows.
+- `widen_margin` (relative; default 0, off) makes speculating beat plain decoding's rate by that
+  much. A 5% margin measured worse at concurrency 16 than none (docs/decisions/2026-12-07-widen-margin.md).
 - A step only observes the positions it verifies; counts past its width age 8x slower, so what a
   wider step measured is kept (not re-learnt by a wide step every few dozen steps). While W = 1
   nothing is observed and all counts age; a probe step at the best W > 1 runs every so often,
@@ -139,7 +138,7 @@ class WidthController:
         probe_budget: float = 0.02,
         cycle: Optional[Sequence[int]] = None,
         row_prior: float = 4.0,
-        widen_margin: float = 0.05,
+        widen_margin: float = 0.0,
     ):
         """widths_for_bs {min_bs: [W, ...]}: the candidates for batches of at least min_bs requests."""
         self.block, self.cost, self.fixed, self.probe_budget = block, cost, fixed, probe_budget
