@@ -52,31 +52,31 @@ if [ ! -e "$W/data/features.done" ]; then  # once: a rerun must not grow the arm
   touch "$W/data/features.done"
 fi
 
-if [[ " $ARMS " == *" long "* || " $ARMS " == *" dflash2-long "* ]] && [ ! -e "$W/long/features.done" ]; then
-  log "long-prompt answers (a whole installed file or document, then a question) + their features"
-  mkdir -p "$W/long"
-  for s in 0 1; do  # two shards side by side, both through DFLASH (same chains)
-    OMP_NUM_THREADS=1 $T datagen --workdir "$W/long" --prompts long --n 320 --seed 9 --shard $s --shards 2 \
-      --datagen-minutes 12 --datagen-draft "$PARENT" > "$W/long/datagen.$s.log" 2>&1 &
+# Answers to extra prompts ($2 ...: datagen's prompt arguments) into workdir $1, two shards side by
+# side, both through DFLASH (same chains), then their features; once per workdir.
+extra_answers() {
+  local d=$1
+  shift
+  [ -e "$d/features.done" ] && return
+  mkdir -p "$d"
+  for s in 0 1; do
+    OMP_NUM_THREADS=1 $T datagen --workdir "$d" "$@" --seed 9 --shard $s --shards 2 --datagen-minutes 12 \
+      --datagen-draft "$PARENT" > "$d/datagen.$s.log" 2>&1 &
   done
   wait
-  $T features --workdir "$W/long" --features-minutes 12 --min-train-minutes 0 --no-text
-  touch "$W/long/features.done"
+  $T features --workdir "$d" --features-minutes 12 --min-train-minutes 0 --no-text
+  touch "$d/features.done"
+}
+if [[ " $ARMS " == *" long "* || " $ARMS " == *" dflash2-long "* ]]; then
+  log "long-prompt answers (a whole installed file or document, then a question) + their features"
+  extra_answers "$W/long" --prompts long --n 320
+fi
+if [[ " $ARMS " == *" followup "* ]]; then
+  log "second turns after the templated answers (followup_prompts.py) + their features"
+  extra_answers "$W/followup" --prompts followup --followup-of "$W/data" --n 1000
 fi
 
 pids=()
-if [[ " $ARMS " == *" followup "* ]] && [ ! -e "$W/followup/features.done" ]; then
-  log "second turns after the templated answers (followup_prompts.py) + their features"
-  mkdir -p "$W/followup"
-  for s in 0 1; do  # two shards side by side, both through DFLASH (same chains)
-    OMP_NUM_THREADS=1 $T datagen --workdir "$W/followup" --prompts followup --followup-of "$W/data" --n 1000 \
-      --seed 9 --shard $s --shards 2 --datagen-minutes 12 --datagen-draft "$PARENT" > "$W/followup/datagen.$s.log" 2>&1 &
-  done
-  wait
-  $T features --workdir "$W/followup" --features-minutes 12 --min-train-minutes 0 --no-text
-  touch "$W/followup/features.done"
-fi
-
 COMMON=(--seed 9 --keep-draft-vocab --lr 3e-4 --warmup-steps 200 --ckpt-minutes 3)
 for arm in $ARMS; do
   A="$W/arm-$arm"
