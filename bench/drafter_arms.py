@@ -5,7 +5,8 @@ For each candidate drafter (a training checkpoint `WORKDIR/ckpt/best.pt` or an e
   block tokens/s, answers only or not, and the learning curve (held-out walk tau vs tokens);
 - tau_W: the held-out walk (blocks.walk_counts: the serving-equivalent greedy walk, each step
   drafting and verifying its first W rows) over the first 128 tokens of every held-out answer;
-- sampled_walk: the walk (each block drafted whole, its first W rows verified) at each --temperatures T under the argmax / q1 / qall proposal rules
+- sampled_walk: the walk (each block drafted whole, its first W rows verified) at each --temperatures T
+  under the argmax / q1 / qall proposal rules (DFlash 2: argmax, the greedy path, and path, the sampled one)
   (train/sampled_walk.py: expected tokens per verify step from the target's p and the drafter's q
   per slot, p teacher-forced), {"T0.7": {rule: {W: tau}}}; T0 is the greedy walk again (a check);
 - draft_ms_W: the draft stage (pipeline/draft.propose, the drafter's shape and draft vocabulary;
@@ -96,17 +97,19 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def plot_sampled(rows: list[dict], path: str) -> None:
-    """Walk tau at the whole block per set: greedy, then each temperature's three proposal rules."""
+    """Walk tau at the whole block per set: greedy, then each temperature's proposal rules."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [(t, rule) for t in rows[0]["sampled_walk"] for rule in rows[0]["sampled_walk"][t]]
+    keys = list(dict.fromkeys((t, rule) for r in rows for t in r["sampled_walk"] for rule in r["sampled_walk"][t]))
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
     width = 0.8 / len(keys)
     for i, (t, rule) in enumerate(keys):
-        ys = [r["sampled_walk"][t][rule][str(r["block"])] for r in rows]
+        ys = [
+            r["sampled_walk"].get(t, {}).get(rule, {}).get(str(r["block"]), 0.0) for r in rows
+        ]  # DFlash 1 / 2 rules differ
         label = "greedy" if t == "T0" else f"{t} {rule}"
         ax.bar([j + i * width for j in range(len(rows))], ys, width, label=label)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))])
@@ -191,7 +194,7 @@ def main():
                 speed = tau * cost["itl_plain"] / (verify + dm + other)
                 row["widths"][w] = {"tau": round(tau, 3), "draft_ms": round(dm, 2), "verify_ms": round(verify, 1)}
                 row["widths"][w].update(other_ms=round(other, 1), predicted_speedup=round(speed, 3))
-            if target is not None and getattr(d, "selector", None) is None:  # DFlash 1: per-slot q
+            if target is not None:
                 temps = (0.0, *a.temperatures)
                 kw = dict(widths=tuple(dms), max_answer=a.max_answer, vocab=dv)
                 counts = sampled_walk_counts(d, embed, mask, cfg.block_size, held, target, temps, **kw)

@@ -6,6 +6,7 @@ checkpoint the server's loader accepts."""
 import json
 import os
 
+import pytest
 import torch
 
 from sglang_dflash.model.checkpoint import load_exported
@@ -16,9 +17,11 @@ from sglang_dflash.model.path_walk import sample_path
 from sglang_dflash.model.selector import CandidateSelector
 from sglang_dflash.testing.tiny_models import tiny_model_cache
 from sglang_dflash.train import export, features
-from sglang_dflash.train.blocks import _accepted, anchor_ids, block_hidden, sample_anchors
-from sglang_dflash.train.dflash2 import _candidates, scores_after, selector_drafts, selector_loss, upgrade
-from sglang_dflash.train.features import load_seqs
+from sglang_dflash.model.draft_vocab import ids_from_d2t
+from sglang_dflash.train.blocks import _accepted, anchor_ids, block_hidden, sample_anchors, walk_counts
+from sglang_dflash.train.dflash2 import scores_after, selector_candidates, selector_drafts, selector_loss, upgrade
+from sglang_dflash.train.features import load_seqs, load_target
+from sglang_dflash.train.sampled_walk import PATH_RULES, sampled_walk_counts, taus
 
 from train_helpers import _tiny_workdir, train_run
 
@@ -41,7 +44,7 @@ def test_selector_loss_is_servings_q_and_trains_the_best_path():
     head = torch.randn(v, h)
     hidden = 1.0 + 0.3 * torch.randn(n, p, h)  # drafter states share a direction, as normed ones do
     anchors = torch.randint(0, v, (n,))
-    values, cand = _candidates(sel, hidden, head, None)  # [n, P, K]
+    values, cand = selector_candidates(sel, hidden, head, None)  # [n, P, K]
     perm = torch.roll(torch.arange(v), 5)
     targets = torch.empty(n, p, dtype=torch.int64)
     prev = anchors
@@ -118,6 +121,27 @@ def test_upgrade_then_dflash2_training_and_export(tmp_path):
     assert dcfg.dflash2.selector_walk == "chain" and loaded.selector.walk == "chain"
     with open(tmp_path / "d2t" / "config.json") as f:
         assert json.load(f)["dflash_config"]["conv_kernel_size"] == 2
+    # its sampled walk (bench/drafter_arms.py): at T = 0 the greedy walk; at T = 1 the greedy path
+    # (seeded requests) and the sampled path, each an expectation of at least one token a step
+    dv = ids_from_d2t(loaded.d2t)
+    walked = walk_counts(loaded, one_embed, dcfg.mask_token_id, 4, held, 24, vocab=dv, widths=[4])
+    greedy = sum(t for t, _ in walked) / sum(b for _, b in walked)
+    counts = sampled_walk_counts(
+        loaded,
+        one_embed,
+        dcfg.mask_token_id,
+        4,
+        held,
+        load_target(target, torch.float32),
+        (0.0, 1.0),
+        widths=(4,),
+        max_answer=24,
+        vocab=dv,
+        autocast=False,
+    )
+    got = taus(counts)
+    assert got["T0"]["argmax"]["4"] == pytest.approx(greedy, abs=1e-4)
+    assert set(got["T1"]) == set(PATH_RULES) and all(1.0 <= got["T1"][r]["4"] <= 4.0 for r in PATH_RULES)
 
 
 def _embed(target):

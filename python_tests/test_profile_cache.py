@@ -1,10 +1,13 @@
 """The start-up step-cost profile's cache (srt/profile_cache.py): the same key loads the stored table
 without measuring, any change to the key measures again, and a corrupt or foreign file is measured
-again and overwritten, never a crash."""
+again and overwritten, never a crash; a CPU profile measured beside another process's load is served
+but not stored."""
 
 import json
 import logging
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -152,3 +155,37 @@ def test_an_edit_to_the_packages_code_changes_the_source_stamp(tmp_path, monkeyp
     assert profile_cache._sources() == before
     (pkg / "pipeline.py").write_text("y = 22\n")
     assert profile_cache._sources() != before
+
+
+class BusyMeasure(Measure):
+    """A profile during which another process burns a core of this host for a second and a half."""
+
+    def __call__(self, worker, widths, sizes):
+        burn = "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"
+        subprocess.run([sys.executable, "-c", burn], check=True)
+        return super().__call__(worker, widths, sizes)
+
+
+def test_a_profile_measured_beside_other_load_is_served_not_stored(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: len(os.sched_getaffinity(0)))  # no core to spare
+    worker, busy = fake_worker(tmp_path), BusyMeasure()
+    with caplog.at_level(logging.INFO, logger="sglang_dflash"):
+        table = profile_cache.cached_costs(worker, WIDTHS, SIZES, busy)
+    assert table.table == Measure()(worker, WIDTHS, SIZES).table  # served all the same
+    assert "served, not cached" in caplog.text
+    assert not os.path.exists(profile_cache.cache_path(profile_cache.profile_key(worker, WIDTHS, SIZES)))
+    quiet = Measure(scale=5.0)
+    profile_cache.cached_costs(worker, WIDTHS, SIZES, quiet)  # the next start measures again, and stores
+    assert quiet.calls == 1
+    assert (
+        profile_cache.cached_costs(worker, WIDTHS, SIZES, Measure(scale=99.0)).table
+        == quiet(worker, WIDTHS, SIZES).table
+    )
+
+
+def test_a_gpu_profile_is_stored_whatever_the_host_cpu_load(tmp_path, monkeypatch):
+    """A GPU step's cost is the GPU's: host processes beside it do not make its table wrong."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake GPU")
+    worker, busy = fake_worker(tmp_path, device="cuda:0", device_type="cuda"), BusyMeasure()
+    profile_cache.cached_costs(worker, WIDTHS, SIZES, busy)
+    assert os.path.exists(profile_cache.cache_path(profile_cache.profile_key(worker, WIDTHS, SIZES)))

@@ -1,7 +1,7 @@
 """The sampled walk (train/sampled_walk.py): hand-computed values, the greedy walk at alphas in
 {0, 1}, and Monte-Carlo through the server's own draft and verify code (pipeline/draft.py
-sample_drafts, pipeline/target_sampling.py) where p does not depend on the drafted prefix, so the
-formula is exact and only sampling noise separates the two."""
+sample_drafts, model/path_walk.py sample_path, pipeline/target_sampling.py) where p does not depend
+on the drafted prefix, so the formula is exact and only sampling noise separates the two."""
 
 import math
 import random
@@ -9,11 +9,19 @@ import random
 import pytest
 import torch
 
+from sglang_dflash.model.path_walk import sample_path
 from sglang_dflash.pipeline.draft import Proposal, sample_drafts
 from sglang_dflash.pipeline.noise import WALK, gumbel
 from sglang_dflash.pipeline.target_sampling import SamplingRows, target_tokens
 from sglang_dflash.train.blocks import walk
-from sglang_dflash.train.sampled_walk import RULES, candidate_probs, expected_walk, first_max_topk, slot_accept
+from sglang_dflash.train.sampled_walk import (
+    RULES,
+    candidate_probs,
+    expected_walk,
+    first_max_topk,
+    path_accept,
+    slot_accept,
+)
 
 # one anchor, two slots, three candidates (descending drafter logit); p leaves mass off the candidates
 P = torch.tensor([[[0.2, 0.6, 0.1], [0.9, 0.05, 0.0]]], dtype=torch.float64)  # [A=1, K=2, C=3]
@@ -128,3 +136,46 @@ def test_formula_matches_the_server_rules_monte_carlo(t):
         means[rule] = (formula, tol)
     # the rules differ by more than the tolerance on this p, q: a wrong rule would be caught
     assert abs(means["qall"][0] - means["argmax"][0]) > 2 * means["qall"][1]
+
+
+def test_path_accept_by_hand():
+    """Two slots, two candidates: slot 1 draws after the anchor, slot 2 after slot 1's accepted pick."""
+    p = torch.tensor([[[0.5, 0.2], [0.3, 0.6]]], dtype=torch.float64)  # [A=1, P=2, K=2]
+    q0 = torch.tensor([0.25, 0.75], dtype=torch.float64)
+    q1 = torch.tensor([[0.9, 0.1], [0.2, 0.8]], dtype=torch.float64)  # row a: q of slot 2 after candidate a
+    edges = torch.stack([q0.log().expand(2, 2), q1.log()])[None]  # [1, P, K, K]
+    kept0 = torch.minimum(p[0, 0], q0)  # [0.25, 0.2]: alpha_1 = 0.45
+    after = kept0 / kept0.sum()
+    alpha1 = float(sum(after[a] * torch.minimum(p[0, 1], q1[a]).sum() for a in range(2)))
+    got = path_accept(p, edges, 1.0)[0].tolist()
+    assert got == pytest.approx([0.45, alpha1])
+    assert alpha1 == pytest.approx((0.25 * 0.4 + 0.2 * 0.8) / 0.45)
+
+
+@pytest.mark.parametrize("t", [0.7, 1.0])
+def test_path_formula_matches_the_server_monte_carlo(t):
+    """DFlash 2's sampled path (sample_path) verified by rejection (target_tokens with q): the
+    expected accepted drafts from path_accept against the server's own code."""
+    g = torch.Generator().manual_seed(5)
+    p_slots, k, v, n = 3, 4, 9, 40000
+    edges = torch.randn(1, p_slots, k, k, generator=g) * 1.5
+    edges[:, 0] = edges[:, 0, :1]  # slot 0: every predecessor row is the anchor
+    cand = torch.stack([torch.randperm(v, generator=g)[:k] for _ in range(p_slots)])[None]  # [1, P, K]
+    target = torch.full((p_slots + 1, v), -2.0)  # most of p on the candidates, so drafts get accepted
+    target[:p_slots].scatter_(1, cand[0], torch.randn(p_slots, k, generator=g) * 1.5)
+    p = torch.softmax(target[:p_slots] / t, -1).gather(1, cand[0])[None]  # [1, P, K]
+    formula = float(path_accept(p, edges, t).cumprod(1).sum())
+    torch.manual_seed(11)
+    noise = -torch.log(torch.empty(n, p_slots, k).exponential_())
+    idx, q = sample_path(edges.expand(n, -1, -1, -1), torch.full((n,), t), noise)
+    out = torch.zeros(n, p_slots + 1, dtype=torch.long)
+    out[:, 1:] = cand.expand(n, -1, -1).gather(2, idx[..., None]).squeeze(2)
+    prop = Proposal(out, cand.expand(n, -1, -1), q, torch.ones(n, dtype=torch.bool))
+    tt = target_tokens(target.repeat(n, 1), p_slots + 1, SamplingRows(temperatures=torch.full((n,), t)), prop)
+    got = (prop.tokens[:, 1:] == tt[:, :-1]).long().cumprod(1).sum(1).double()
+    tol = 4 * float(got.std()) / math.sqrt(n)
+    assert float(got.mean()) == pytest.approx(formula, abs=tol)
+    # the per-slot overlap without the carried predecessor law would differ by more than the noise
+    q_anchor_row = torch.softmax(edges[:, :, 0].double() / t, -1)  # [1, P, K]: always after candidate 0
+    wrong = float(torch.minimum(p, q_anchor_row).sum(-1).cumprod(1).sum())
+    assert abs(wrong - formula) > 2 * tol

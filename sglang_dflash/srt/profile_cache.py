@@ -6,6 +6,9 @@ the host's CPU, block size, thread count, TP rank, the candidate widths and batc
 package's code (version and built extension), torch and SGLang, and every SGLANG_DFLASH_* switch
 (they route the step's ops). A file per key holds the table; any change to the key measures again,
 and a file that cannot be read as the key's table is measured again and overwritten.
+
+A CPU profile measured while other processes ran on this process's cores is served but not stored:
+it holds their load, not this host's, and nothing corrects a stored table later.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import json
 import logging
 import os
 import platform
+import resource
 import tempfile
+import time
 
 import torch
 
@@ -27,6 +32,8 @@ logger = logging.getLogger("sglang_dflash")
 
 CACHE_DIR = "~/.cache/sglang_dflash/step_profile"
 FORMAT = 1  # bump when the file's layout or the profile's method changes
+BUSY_SHARE = 0.25  # others' cores on ours, beyond the cores our threads leave free, that void a profile
+BUSY_MIN_S = 0.5  # and at least this many seconds of theirs (a fast profile's jiffy noise is not load)
 
 
 def cache_dir() -> str:
@@ -161,6 +168,43 @@ def store(key: dict, table: CostTable) -> str | None:
         return None
 
 
+def _cores_busy_s(cpus: set[int]) -> float | None:
+    """CPU seconds every process has run on `cpus` since boot (/proc/stat; steal counts: another
+    guest held the core), None where /proc/stat is not there."""
+    try:
+        with open("/proc/stat") as f:
+            lines = [ln.split() for ln in f if ln.startswith("cpu") and not ln.startswith("cpu ")]
+    except OSError:
+        return None
+    ticks = 0  # user nice system idle iowait irq softirq steal: all but idle and iowait
+    for name, *fields in lines:
+        if int(name[3:]) in cpus:
+            v = [int(x) for x in fields[:8]]
+            ticks += v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _own_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
+    return r.ru_utime + r.ru_stime
+
+
+def measured_alone(measure, threads: int):
+    """measure() -> (its result, whether other processes competed with its `threads` threads: they
+    ran on this process's cores for more than the cores those threads leave free, plus BUSY_SHARE,
+    and BUSY_MIN_S in all; the log's words)."""
+    cpus = os.sched_getaffinity(0)
+    t0, busy0, own0 = time.monotonic(), _cores_busy_s(cpus), _own_s()
+    result = measure()
+    wall, busy1, own1 = time.monotonic() - t0, _cores_busy_s(cpus), _own_s()
+    if busy0 is None or busy1 is None:
+        return result, False, "unknown (no /proc/stat)"
+    others = max(0.0, (busy1 - busy0) - (own1 - own0))
+    spare = max(0, len(cpus) - threads)
+    words = f"other processes ran {others:.1f} s on its {len(cpus)} cores in {wall:.1f} s"
+    return result, others > max(BUSY_MIN_S, (spare + BUSY_SHARE) * wall), words
+
+
 def cached_costs(worker, widths, batch_sizes, measure) -> CostTable:
     """The profile for this worker: loaded when its key was measured before, else `measure(worker,
     widths, batch_sizes)` and stored."""
@@ -173,7 +217,10 @@ def cached_costs(worker, widths, batch_sizes, measure) -> CostTable:
             table.describe(),
         )
         return table
-    table = measure(worker, widths, batch_sizes)
+    table, busy, words = measured_alone(lambda: measure(worker, widths, batch_sizes), torch.get_num_threads())
+    if busy and worker.device_type == "cpu":
+        logger.warning("DFLASH step cost profile: %s; served, not cached (the next start measures again)", words)
+        return table
     path = store(key, table)
     logger.info("DFLASH step cost profile measured%s", f", cached at {path}" if path else "")
     return table

@@ -88,7 +88,7 @@ def dflash2_fields(drafter_dir: str) -> dict:
     return {k: d.get(k, cfg.get(k)) for k in keys if d.get(k, cfg.get(k)) is not None}
 
 
-def _candidates(selector, hidden: torch.Tensor, head: torch.Tensor, vocab: torch.Tensor | None):
+def selector_candidates(selector, hidden: torch.Tensor, head: torch.Tensor, vocab: torch.Tensor | None):
     """hidden [n, P, H]; head [N, H] the rows the drafter scores, vocab [N] their token ids (None:
     the row index is the id) -> values, candidate token ids [n, P, K]."""
     n, p, h = hidden.shape
@@ -117,10 +117,10 @@ def selector_loss(
 ) -> tuple[torch.Tensor, float]:
     """hidden [n, P, H] drafter output at the proposal slots; anchor_ids [n]; targets [n, P] token
     ids (-100: no label; a chain, so a label's predecessor always has one); head/vocab as in
-    _candidates; weights [P] per slot -> (weighted cross-entropy over the candidates, the share of
+    selector_candidates; weights [P] per slot -> (weighted cross-entropy over the candidates, the share of
     labelled slots whose label is a candidate)."""
     with torch.no_grad():
-        values, cand = _candidates(selector, hidden, head, vocab)  # [n, P, K]
+        values, cand = selector_candidates(selector, hidden, head, vocab)  # [n, P, K]
     prev = torch.cat([anchor_ids[:, None], targets[:, :-1]], dim=1).clamp(min=0)  # [n, P]
     scores = scores_after(selector, values, cand, prev, hidden.detach())
     hit = cand == targets[..., None]  # [n, P, K]
@@ -139,6 +139,6 @@ def selector_drafts(
 ) -> torch.Tensor:
     """The greedy draft serving makes (draft.propose: the selector's walk through the candidates):
     hidden [n, P, H]; anchor_ids [n] -> token ids [n, P]."""
-    values, cand = _candidates(selector, hidden, head, vocab)
+    values, cand = selector_candidates(selector, hidden, head, vocab)
     edges = selector.edges(anchor_ids, cand, values, hidden)  # [n, P, K, K]
     return cand.gather(2, greedy_path(edges, selector.walk)[..., None]).squeeze(2)

@@ -8,6 +8,10 @@ What the server does (pipeline/draft.py sample_drafts, pipeline/target_sampling.
   verified by rejection (keep x with min(1, p/q), else the residual): accepted with probability
   sum_x min(p_1(x), q_1(x)); drafts 2.. are argmax point masses (sample-and-match).
 - qall: every draft drawn from its own q_i independently, each verified by rejection.
+DFlash 2 (a drafter with a selector; path_walk.py) has its own two rules:
+- argmax: the greedy path (point masses, what a seeded request drafts), sample-and-match.
+- path: the path drawn slot by slot from q_j(. | a) = softmax(S_j(a, .) / T) after the candidate a
+  drawn before it, every slot verified by rejection (what an unseeded sampled request drafts).
 p = softmax(target logits / T) over the full vocabulary (no top-k / top-p). T = 0: every rule drafts
 the argmax and p is the target's argmax, so the sampled walk is the greedy walk.
 
@@ -28,10 +32,13 @@ from __future__ import annotations
 import torch
 
 from sglang_dflash.model.drafter import DFlashDrafter
+from sglang_dflash.model.path_walk import greedy_path
 from sglang_dflash.pipeline.draft import DRAFT_TOP_K
 from sglang_dflash.train.blocks import Seq, block_hidden
+from sglang_dflash.train.dflash2 import selector_candidates
 
 RULES = ("argmax", "q1", "qall")
+PATH_RULES = ("argmax", "path")  # DFlash 2
 
 
 def slot_accept(p_cand: torch.Tensor, q_logits: torch.Tensor, temperature: float, rule: str) -> torch.Tensor:
@@ -51,6 +58,24 @@ def slot_accept(p_cand: torch.Tensor, q_logits: torch.Tensor, temperature: float
     out = point.double().clone()
     out[:, 0] = overlap[:, 0]
     return out
+
+
+def path_accept(p_cand: torch.Tensor, edges: torch.Tensor, temperature: float) -> torch.Tensor:
+    """p_cand [A, P, K]: the target's probabilities (at T > 0) at each slot's selector candidates;
+    edges [A, P, K, K]: selector.edges -> alpha [A, P]: slot j's acceptance probability given slots
+    < j accepted, for the path drawn from q_j(. | a) = softmax(S_j(a, .) / T) and verified by
+    rejection. What slot j draws after depends on the candidate accepted before it, whose law given
+    acceptance is min(p, q) / alpha mixed over that slot's own predecessor: carried slot to slot."""
+    n, p, k, _ = edges.shape
+    before = torch.zeros(n, k, dtype=torch.float64)
+    before[:, 0] = 1.0  # slot 0: every predecessor row is the anchor (selector.edges)
+    alpha = torch.zeros(n, p, dtype=torch.float64)
+    for j in range(p):
+        q = torch.softmax(edges[:, j].double() / temperature, dim=-1)  # [A, K_prev, K]
+        kept = (before[:, :, None] * torch.minimum(p_cand[:, j, None, :].double(), q)).sum(1)  # [A, K]
+        alpha[:, j] = kept.sum(-1)
+        before = kept / alpha[:, j, None].clamp_min(1e-300)
+    return alpha
 
 
 def expected_walk(alpha: torch.Tensor, start: int, end: int, width: int | None = None) -> tuple[float, float]:
@@ -119,9 +144,9 @@ def sampled_walk_counts(
 ) -> dict[tuple[float, str, int | None], tuple[float, float]]:
     """-> {(T, rule, width): (sum E tokens, sum E steps)} over seqs (T = 0: rule "argmax" only).
     embed [V, H]: the target's embedding and tied LM head; vocab [N]: a reduced draft vocabulary's
-    token ids; target: the HF target (features.load_target) whose p the walk verifies against."""
-    if getattr(drafter, "selector", None) is not None:
-        raise ValueError("sampled walk: DFlash 2 drafters sample selector paths, not per-slot q; DFlash 1 only")
+    token ids; target: the HF target (features.load_target) whose p the walk verifies against.
+    A DFlash 2 drafter walks PATH_RULES, a DFlash 1 drafter RULES."""
+    sel = getattr(drafter, "selector", None)
     out: dict = {}
     w = embed if vocab is None else embed[vocab]
     for s in seqs:
@@ -133,10 +158,15 @@ def sampled_walk_counts(
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             hidden, labels = block_hidden(drafter, embed, mask_token_id, block, [(s, anchors)])  # [A, K, H], [A, K]
         a, k, h = hidden.shape
-        logits = (hidden.reshape(a * k, h).to(w.dtype) @ w.t()).float()  # [A*K, N]
-        vals, idx = first_max_topk(logits, min(DRAFT_TOP_K, logits.shape[1]))
-        vals, idx = vals.view(a, k, -1), idx.view(a, k, -1)
-        cand = idx if vocab is None else vocab[idx]  # target ids [A, K, C]
+        if sel is None:
+            logits = (hidden.reshape(a * k, h).to(w.dtype) @ w.t()).float()  # [A*K, N]
+            vals, idx = first_max_topk(logits, min(DRAFT_TOP_K, logits.shape[1]))
+            vals, idx = vals.view(a, k, -1), idx.view(a, k, -1)
+            cand = idx if vocab is None else vocab[idx]  # target ids [A, K, C]
+        else:
+            vals, cand = selector_candidates(sel, hidden, w, vocab)  # [A, K, C]: C = the selector's K
+            edges = sel.edges(s.tokens[anchors], cand, vals, hidden)  # [A, K, C, C]
+            greedy = greedy_path(edges, sel.walk)[..., None]  # [A, K, 1]
         valid = labels != -100  # the rows the greedy walk labels: inside the sequence, on the chain
         rows = (anchors[:, None] + torch.arange(k)[None, :]).clamp(max=size - 1) - s.answer_start  # [A, K]
         tl = None
@@ -146,9 +176,14 @@ def sampled_walk_counts(
             else:
                 if tl is None:
                     tl = target_logits(target, s.tokens, s.answer_start, min(size, end + k - 1))
-                p, rules = candidate_probs(tl, rows.clamp(max=tl.shape[0] - 1), cand, t), RULES
+                p = candidate_probs(tl, rows.clamp(max=tl.shape[0] - 1), cand, t)
+                rules = RULES if sel is None else PATH_RULES
             for rule in rules:
-                alpha = torch.where(valid, slot_accept(p, vals, t, rule).double(), 0.0)
+                if sel is None:
+                    alpha = slot_accept(p, vals, t, rule)
+                else:
+                    alpha = p.gather(2, greedy).squeeze(2) if rule == "argmax" else path_accept(p, edges, t)
+                alpha = torch.where(valid, alpha.double(), 0.0)
                 for wd in widths:
                     tok, steps = expected_walk(alpha, s.answer_start, end, wd)
                     prev = out.get((t, rule, wd), (0.0, 0.0))
