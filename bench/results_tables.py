@@ -137,12 +137,13 @@ def sampled_walks(rs: list[dict]) -> list[str]:
     rs = [r for r in rs if r.get("sampled_walk")]
     if not rs:
         return []
-    keys = [(t, rule) for t in rs[0]["sampled_walk"] if t != "T0" for rule in rs[0]["sampled_walk"][t]]
+    keys = [(t, rule) for r in rs for t in r["sampled_walk"] if t != "T0" for rule in r["sampled_walk"][t]]
+    keys = list(dict.fromkeys(keys))  # DFlash 1 (argmax / q1 / qall) and DFlash 2 (argmax / path) rows
     body = []
     for r in rs:
         sw, w = r["sampled_walk"], str(r["block"])
         body.append([r["name"], f"{r['heldout_set']} ({r['heldout']})", f"{sw['T0']['argmax'][w]:.3f}"])
-        body[-1] += [f"{sw[t][rule][w]:.3f}" for t, rule in keys]
+        body[-1] += [f"{sw[t][rule][w]:.3f}" if rule in sw.get(t, {}) else "-" for t, rule in keys]
     head = ["drafter", "set (answers)", "greedy"] + [f"{t} {rule}" for t, rule in keys]
     return ["Sampled walks (expected tokens per verify step, whole block verified):", ""] + table(head, body) + [""]
 
