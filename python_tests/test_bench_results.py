@@ -11,6 +11,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import provenance  # noqa: E402
 import results_headline  # noqa: E402
+import results_tables  # noqa: E402
 
 KEYS = ("temperature", "seeded", "concurrency")
 # tok/s per (arm, repeat): w1 / plain is 2.0 then 3.0, adaptive / w1 is 1.5 then 1.25.
@@ -175,3 +176,18 @@ def test_the_day_mix_covers_every_kind_and_counts_kill_errors_apart():
     got = classify(jobs[:5], results, {"kill": 10.0})
     assert (got["completed"], got["refused"], got["errors_at_kill"], got["errors_other"]) == (1, 1, 1, 1)
     assert got["lost"] == 1 and got["by_kind"]["greedy"] == {"completed": 1, "error": 1}
+
+
+def test_sampled_walk_table_holds_dflash1_and_dflash2_rows_side_by_side():
+    """DFlash 1 rows walk argmax / q1 / qall, DFlash 2 rows argmax / path: one table, a dash where a
+    drafter has no such rule."""
+    one = {"T0": {"argmax": {"16": 1.6}}, "T1": {"argmax": {"16": 1.49}, "q1": {"16": 1.51}, "qall": {"16": 1.52}}}
+    two = {"T0": {"argmax": {"16": 1.68}}, "T1": {"argmax": {"16": 1.54}, "path": {"16": 1.58}}}
+    rows = [
+        {"name": n, "heldout_set": "unseen", "heldout": 216, "block": 16, "sampled_walk": sw}
+        for n, sw in (("parent", one), ("dflash2-long", two))
+    ]
+    text = "\n".join(results_tables.sampled_walks(rows))
+    assert "| T1 argmax | T1 q1 | T1 qall | T1 path |" in text
+    assert "| parent | unseen (216) | 1.600 | 1.490 | 1.510 | 1.520 | - |" in text
+    assert "| dflash2-long | unseen (216) | 1.680 | 1.540 | - | - | 1.580 |" in text
