@@ -20,12 +20,13 @@ import json
 import logging
 import os
 import platform
-import resource
 import tempfile
 import time
 
 import torch
 
+from sglang_dflash.cpu import contention
+from sglang_dflash.cpu.cpu_threads import usable_cores
 from sglang_dflash.pipeline.step_cost import CostTable
 
 logger = logging.getLogger("sglang_dflash")
@@ -168,40 +169,26 @@ def store(key: dict, table: CostTable) -> str | None:
         return None
 
 
-def _cores_busy_s(cpus: set[int]) -> float | None:
-    """CPU seconds every process has run on `cpus` since boot (/proc/stat; steal counts: another
-    guest held the core), None where /proc/stat is not there."""
-    try:
-        with open("/proc/stat") as f:
-            lines = [ln.split() for ln in f if ln.startswith("cpu") and not ln.startswith("cpu ")]
-    except OSError:
-        return None
-    ticks = 0  # user nice system idle iowait irq softirq steal: all but idle and iowait
-    for name, *fields in lines:
-        if int(name[3:]) in cpus:
-            v = [int(x) for x in fields[:8]]
-            ticks += v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _own_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
-    return r.ru_utime + r.ru_stime
-
-
 def measured_alone(measure, threads: int):
     """measure() -> (its result, whether other processes competed with its `threads` threads: they
     ran on this process's cores for more than the cores those threads leave free, plus BUSY_SHARE,
     and BUSY_MIN_S in all; the log's words)."""
-    cpus = os.sched_getaffinity(0)
-    t0, busy0, own0 = time.monotonic(), _cores_busy_s(cpus), _own_s()
+    cores = sorted(usable_cores())
+
+    def sample():  # (busy ticks of our cores, our own ticks), None where /proc/stat is not there
+        try:
+            return contention.busy_ticks(cores), contention.process_ticks(os.getpid())
+        except OSError:
+            return None
+
+    t0, before = time.monotonic(), sample()
     result = measure()
-    wall, busy1, own1 = time.monotonic() - t0, _cores_busy_s(cpus), _own_s()
-    if busy0 is None or busy1 is None:
+    wall, after = time.monotonic() - t0, sample()
+    if before is None or after is None:
         return result, False, "unknown (no /proc/stat)"
-    others = max(0.0, (busy1 - busy0) - (own1 - own0))
-    spare = max(0, len(cpus) - threads)
-    words = f"other processes ran {others:.1f} s on its {len(cpus)} cores in {wall:.1f} s"
+    others = max(0.0, ((after[0] - before[0]) - (after[1] - before[1])) / contention.TICK)
+    spare = max(0, len(cores) - threads)
+    words = f"other processes ran {others:.1f} s on its {len(cores)} cores in {wall:.1f} s"
     return result, others > max(BUSY_MIN_S, (spare + BUSY_SHARE) * wall), words
 
 
