@@ -23,8 +23,9 @@ the bench/checks/ scripts, ops_bench, ...), so two rows are comparable only when
 - arm_order() / summarize(): repeats interleave the arms ABBA, and every tok/s and ratio is
   reported as mean with min/max/stdev; a ratio is paired within one repeat (the two arms ran
   minutes apart), never a ratio of two means that each hide their own noise. Ratios: `speedup`
-  (arm / plain), `cpu_step` (w1 / plain: our step, no speculation) and `spec_share` (arm / w1:
-  what speculation itself adds).
+  (arm / plain), `cpu_step` (w1 / plain: our step, no speculation), `spec_share` (arm / w1:
+  what speculation itself adds) and `inline_share` (arm / its `~w1` twin: the same ratio inside one
+  server lifetime, real_bench.py --inline-w1).
 """
 
 from __future__ import annotations
@@ -271,12 +272,14 @@ def summarize(runs: list[dict], keys: tuple[str, ...], baseline: str = "plain") 
         ratios = [r["tok_s"] / base[(r["repeat"], *gk[1:])] for r in rs]
         metas = [m for r in rs for m in r["metas"]]
         share = paired(runs, keys, gk[0], "w1").get(gk[1:]) if gk[0] not in ("plain", "w1") else None
+        inline = paired(runs, keys, gk[0], gk[0] + "~w1").get(gk[1:])  # real_bench --inline-w1
         out[gk] = {
             "repeats": len(rs),
             **spread("tok_s", [r["tok_s"] for r in rs]),
             **spread("speedup", ratios),
             **(spread("cpu_step", cpu_step[gk[1:]]) if gk[1:] in cpu_step else {"cpu_step": None}),
             **(spread("spec_share", share) if share else {"spec_share": None}),
+            **(spread("inline_share", inline) if inline else {"inline_share": None}),
             "tau": tau(metas),
             "tokens": sum(m.get("completion_tokens") or 0 for m in metas),
         }

@@ -34,6 +34,10 @@ clients; with few waves a row measures mostly its ragged tail (requests speculat
 rates finish apart, the last ones decoding at a smaller batch).
 --prompts unseen: kinds of text no training run reads (bench/unseen_set.py --fresh) instead of the
 drafter recipe's held-out prompts.
+--inline-w1: every speculating arm's rows run twice in its server lifetime, as is and with each
+request capped at width 1 (`<arm>~w1`, custom_params.dflash_max_width = 1: the same server decoding
+plainly), in ABBA order; `inline_share` = the arm / its twin, free of the server-to-server pace that
+a separate `w1` server's ratio carries (10-15% between lifetimes on a 2-core host).
 --tiny: the tiny generated pair of `make serve-tiny` (float32, random prompts, concurrency
 1 / 4 / 16 at temperature 0) instead of the embedded model; appends to bench/results/tiny_bench.jsonl.
 """
@@ -41,20 +45,16 @@ drafter recipe's held-out prompts.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
 import os
 import sys
-import time
-
-import requests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import provenance  # noqa: E402
 from results_tables import f2, spread, table, widths  # noqa: E402
-from sglang_dflash.srt.metrics import STAGES  # noqa: E402
+from served_row import pct, run, warm_up  # noqa: E402  (peer_bench imports them from here)
 from sglang_dflash.testing.servers import launch  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -73,94 +73,6 @@ def heldout_prompts(tokenizer, n: int) -> list[list[int]]:
         )
         for p in rows
     ]
-
-
-def stream_one(
-    url: str, ids: list[int], max_new: int, temperature: float, seed: int | None, ignore_eos: bool = False
-) -> dict:
-    sp = {"max_new_tokens": max_new, "temperature": temperature, "ignore_eos": ignore_eos}
-    if temperature > 0 and seed is not None:
-        sp["sampling_seed"] = seed
-    t0 = time.perf_counter()
-    times, meta = [], {}
-    with requests.post(
-        url + "/generate", json={"input_ids": ids, "sampling_params": sp, "stream": True}, stream=True, timeout=1800
-    ) as r:
-        r.raise_for_status()
-        seen = 0
-        for line in r.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            meta = json.loads(line[6:])["meta_info"]
-            new = meta["completion_tokens"] - seen
-            if new > 0:
-                times.append((time.perf_counter(), new))
-                seen = meta["completion_tokens"]
-    ttft = times[0][0] - t0 if times else float("nan")
-    gaps = [(b[0] - a[0]) / b[1] for a, b in zip(times, times[1:])]  # per token, chunks may hold several
-    return {"meta": meta, "ttft": ttft, "itl": gaps}
-
-
-def accept_hist(url: str) -> tuple[dict[int, float], dict[str, float], dict[int, float]]:
-    """Cumulative sglang:dflash_accept_length bucket counts {le: count}, stage seconds {stage: s} and
-    cumulative sglang:dflash_verify_width bucket counts {le: steps}."""
-    out, stages, widths = {}, {}, {}
-    for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
-        for name, into in (("sglang:dflash_accept_length_bucket", out), ("sglang:dflash_verify_width_bucket", widths)):
-            if line.startswith(name):
-                le = line.split('le="')[1].split('"')[0]
-                if le != "+Inf":
-                    into[int(float(le))] = into.get(int(float(le)), 0) + float(line.split()[-1])
-        for stage in STAGES:
-            if line.startswith(f"sglang:dflash_{stage}_seconds_sum"):
-                stages[stage] = stages.get(stage, 0.0) + float(line.split()[-1])
-    return out, stages, widths
-
-
-def per_bucket(before: dict, after: dict) -> dict:
-    """Cumulative bucket counts at two times -> counts per bucket in between."""
-    cum = {k: after.get(k, 0) - before.get(k, 0) for k in sorted(after)}
-    return {k: cum[k] - cum.get(k - 1, 0) for k in cum}
-
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))] if xs else float("nan")
-
-
-def run(srv, batch, conc, max_new, temp, seeded=True, ignore_eos=False):
-    """One measured row on a warm server whose prefix cache is flushed first."""
-    seed = (lambda i: i) if seeded else (lambda i: None)
-    provenance.flush_cache(srv.url)
-    before, st0, w0 = accept_hist(srv.url)
-    t = time.perf_counter()
-    with cf.ThreadPoolExecutor(conc) as ex:
-        outs = list(
-            ex.map(lambda a: stream_one(srv.url, a[1], max_new, temp, seed(a[0]), ignore_eos), enumerate(batch))
-        )
-    wall = time.perf_counter() - t
-    after, st1, w1 = accept_hist(srv.url)
-    metas = [o["meta"] for o in outs]
-    return {
-        "concurrency": conc,
-        "temperature": temp,
-        "seeded": seeded,
-        "requests": len(outs),
-        "metas": metas,
-        "tok_s": sum(m.get("completion_tokens", 0) for m in metas) / wall,
-        "wall_s": wall,
-        "hist": per_bucket(before, after),
-        "widths": per_bucket(w0, w1),
-        "stage_s": {k: st1[k] - st0.get(k, 0.0) for k in st1},
-        "ttft": [o["ttft"] for o in outs],
-        "itl": [g for o in outs for g in o["itl"]],
-    }
-
-
-def warm_up(srv, batch, temps):
-    """Identical for every arm and repeat, excluded from the numbers."""
-    for temp in temps:
-        run(srv, batch[:2], 2, 8, temp)
 
 
 def collate(runs, prov, argv, match_sched, max_new, baseline="plain"):
@@ -223,6 +135,7 @@ def main():
     ap.add_argument("--ignore-eos", action="store_true", help=argparse.SUPPRESS)  # the default; kept for old commands
     ap.add_argument("--tiny", action="store_true", help="the tiny steered pair instead of the embedded model")
     ap.add_argument("--label", help="what this run compares, kept in every row (docs/results.md shows it)")
+    ap.add_argument("--inline-w1", action="store_true", help="see --inline-w1 above")
     provenance.add_method_args(ap)
     ap.add_argument("--out", help="default: bench/results/real_bench.jsonl (tiny_bench.jsonl with --tiny)")
     a = ap.parse_args()
@@ -256,6 +169,7 @@ def main():
     seeding = {"seeded": [True], "unseeded": [False], "both": [True, False]}[a.sampled]
     arms = {name: provenance.arm(name, a.draft, ["--enable-metrics"], a.match_sched) for name in a.arms}
     argv = {cfg: provenance.server_argv(a.model, d, a.dtype, extra) for cfg, (d, extra, _) in arms.items()}
+    argv.update({f"{cfg}~w1": v for cfg, v in list(argv.items())})  # a twin row runs on its arm's server
     runs = []
     for rep in range(a.repeats):
         for cfg in provenance.arm_order(list(arms), rep):
@@ -263,32 +177,35 @@ def main():
             with launch(a.model, draft, a.dtype, extra=extra, env=env, name=f"real-bench-{cfg}-r{rep}") as srv:
                 warm_up(srv, batch, a.temperatures)
                 for temp, seeded in [(t, s) for t in a.temperatures for s in (seeding if t > 0 else [True])]:
-                    for c in a.concurrency:
+                    for i, c in enumerate(a.concurrency):
                         n = min(len(batch), a.waves * max(c, 2 * c if c < 16 else c, 6))
-                        r = {
-                            "config": cfg,
-                            "repeat": rep,
-                            **run(srv, batch[:n], c, a.max_new_tokens, temp, seeded, a.ignore_eos),
-                        }
-                        print(
-                            json.dumps({k: r[k] for k in PROGRESS}),
-                            flush=True,
-                        )
-                        runs.append(r)
+                        twin = a.inline_w1 and draft is not None and env.get("SGLANG_DFLASH_WIDTH") != "1"
+                        caps = [None, 1] if twin else [None]
+                        for cap in caps if (rep + i) % 2 == 0 else caps[::-1]:  # ABBA inside the lifetime too
+                            r = {
+                                "config": cfg + ("~w1" if cap else ""),
+                                "repeat": rep,
+                                **run(srv, batch[:n], c, a.max_new_tokens, temp, seeded, a.ignore_eos, cap),
+                            }
+                            print(json.dumps({k: r[k] for k in PROGRESS}), flush=True)
+                            runs.append(r)
     baseline = "plain" if "plain" in a.arms else a.arms[0]
     rows = collate(runs, prov, argv, a.match_sched, a.max_new_tokens, baseline)
     for r in rows:
-        r["env"], r["ignore_eos"] = arms[r["config"]][2], a.ignore_eos
+        r["env"], r["ignore_eos"] = arms[r["config"].removesuffix("~w1")][2], a.ignore_eos
+        r["max_width"] = 1 if r["config"].endswith("~w1") else None  # every request's cap
         r["waves"], r["prompts"] = a.waves, a.prompts
         if a.label:
             r["label"] = a.label
     run_name = provenance.append_rows(a.out, rows, prov)
     dirty = " (dirty tree)" if prov["dirty"] else ""
     print(f"run {run_name}{dirty}; {a.repeats} repeats; EOS ignored: {a.ignore_eos}; sched matched: {a.match_sched}")
-    head = ["config", "T", "seeded", "conc", "tok/s", "speedup", "cpu step w1/plain", "spec share /w1", "tau", "widths"]
+    head = ["config", "T", "seeded", "conc", "tok/s", "speedup", "cpu step w1/plain", "spec share /w1"]
+    head += ["in-lifetime share", "tau", "widths"]
+    shares = ("speedup", "cpu_step", "spec_share", "inline_share")
     body = [
         [r["config"], f"{r['temperature']:g}", r["seeded"], r["concurrency"], spread(r, "tok_s")]
-        + [spread(r, k, f2, "x") if r.get(k) is not None else None for k in ("speedup", "cpu_step", "spec_share")]
+        + [spread(r, k, f2, "x") if r.get(k) is not None else None for k in shares]
         + [f2(r["tau"]), widths(r)]
         for r in rows
     ]

@@ -53,6 +53,18 @@ def test_summarize_without_w1_has_no_ratios_to_w1():
     assert s[("adaptive", 0.0, True, 1)]["speedup"] == pytest.approx(3.375)
 
 
+def test_inline_share_pairs_an_arm_with_its_capped_twin_in_the_same_repeat():
+    """real_bench --inline-w1: `adaptive~w1` ran on adaptive's own server, requests capped at width 1."""
+    TOK_S.update({("adaptive~w1", 0): 25.0, ("adaptive~w1", 1): 25.0})
+    try:
+        s = provenance.summarize(raw_runs(("plain", "w1", "adaptive", "adaptive~w1")), KEYS)
+    finally:
+        del TOK_S[("adaptive~w1", 0)], TOK_S[("adaptive~w1", 1)]
+    ad = s[("adaptive", 0.0, True, 1)]
+    assert ad["inline_share_runs"] == pytest.approx([1.2, 1.5]) and ad["spec_share_runs"] == pytest.approx([1.5, 1.25])
+    assert s[("adaptive~w1", 0.0, True, 1)]["inline_share"] is None and s[("w1", 0.0, True, 1)]["inline_share"] is None
+
+
 def rows(run, arms, time, **extra):
     """What real_bench.collate writes, reduced to the fields the headline reads."""
     s = provenance.summarize(raw_runs(arms), KEYS)

@@ -182,6 +182,22 @@ def test_request_check_names_each_unsupported_field():
         }
     )
     assert unsupported_reason(served) is None  # penalties are served exactly (penalties.py)
+    from sglang_dflash.srt.request_check import max_width, width_cap_error
+
+    for cap, ok in [
+        (None, True),
+        (1, True),
+        (16, True),
+        (0, False),
+        (-1, False),
+        (True, False),
+        ("2", False),
+        (2.0, False),
+    ]:
+        sp = SimpleNamespace(custom_params={"dflash_max_width": cap} if cap is not None else {"other": 1})
+        err = width_cap_error(sp)
+        assert (err is None) == ok and (ok or "dflash_max_width" in err), (cap, err)
+    assert max_width(SimpleNamespace(custom_params=None)) is None and max_width(plain) is None
 
 
 def test_launcher_fills_cpu_defaults_but_never_overrides():

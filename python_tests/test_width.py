@@ -167,6 +167,16 @@ def test_fixed_random_and_cycle_modes():
     assert WidthController(16, None).choose(4) == 16  # no cost table: verify the whole block
 
 
+def test_a_request_cap_bounds_every_mode_to_a_candidate():
+    """cap: the widest candidate within it (1 is always one); counted as the width played."""
+    fixed = WidthController(16, None, fixed=16)
+    assert [fixed.choose(4, cap=c) for c in (1, 2, 3, 7, 8, 15, 16, 99, None)] == [1, 2, 2, 4, 8, 8, 16, 16, 16]
+    assert fixed.chosen == {1: 1, 2: 2, 4: 1, 8: 2, 16: 3}
+    table = {1: [4, 16]}  # a candidate list without 1: a cap below 4 still decodes plainly
+    assert WidthController(16, None, table, fixed=16).choose(2, cap=3) == 1
+    assert {WidthController(16, None, debug_seed=s).choose(8, cap=1) for s in range(20)} == {1}
+
+
 def test_candidates_by_batch_size_bound_the_choice(tmp_path):
     path = tmp_path / "adaptive.json"
     path.write_text(json.dumps({"1": {"candidate_steps": [0, 3, 15]}, "8": {"candidate_steps": [0, 1]}}))

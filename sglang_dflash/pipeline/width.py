@@ -186,10 +186,15 @@ class WidthController:
         ]
         return {w: sum(e[w] for e in per_row) / max(self.cost(bs, w), 1e-9) for w in self.candidates(bs)}
 
-    def choose(self, bs: int, n_sampled: int = 0, step: int = 0, rows: Optional[Sequence] = None) -> int:
+    def choose(
+        self, bs: int, n_sampled: int = 0, step: int = 0, rows: Optional[Sequence] = None, cap: Optional[int] = None
+    ) -> int:
         """bs rows, n_sampled of them sampled; step: the first request's verify count (cycle only);
-        rows [(request key, sampled)] per row (optional): per-request acceptance."""
+        rows [(request key, sampled)] per row (optional): per-request acceptance; cap: the most rows a
+        request of the batch lets a step verify (the widest candidate within it, or 1)."""
         w = self.cycle[step % len(self.cycle)] if self.cycle else self._choose(bs, n_sampled, rows)
+        if cap is not None and w > cap:
+            w = max(x for x in (1, *self.candidates(bs)) if x <= cap)
         self.chosen[w] += 1
         self.last_choice = (bs, n_sampled)
         return w

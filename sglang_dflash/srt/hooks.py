@@ -116,9 +116,10 @@ def torch_native_forward_extend(original, self, q, k, v, layer, forward_batch, s
 
 def validate_request(original, req, enable_overlap):
     if use_ours():
-        from sglang_dflash.srt.request_check import unsupported_reason
+        from sglang_dflash.srt.request_check import unsupported_reason, width_cap_error
 
         reason = unsupported_reason(req.sampling_params, getattr(req, "custom_logit_processor", None))
+        reason = reason or width_cap_error(req.sampling_params)
         if reason:
             # The refused request still passes through one prefill on its way out (SGLang finishes
             # aborted requests in a batch): drop its processor so it never runs there.

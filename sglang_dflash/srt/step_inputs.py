@@ -15,6 +15,7 @@ import torch
 from sglang_dflash.pipeline.accept import stop_table
 from sglang_dflash.pipeline.penalties import ORDER, PenaltyRows
 from sglang_dflash.pipeline.target_sampling import SamplingRows, samples
+from sglang_dflash.srt.request_check import max_width
 
 
 def sampling_rows(batch, flashinfer_sampler: bool = False, sampled: Optional[list] = None) -> Optional[SamplingRows]:
@@ -131,6 +132,7 @@ class StepInputs:
     budget: torch.Tensor  # [bs] tokens each request may still emit
     stop_ids: torch.Tensor  # [bs, S] stop tokens, -1 padded
     return_logprob: bool
+    max_width: Optional[int] = None  # the smallest width cap of the batch's requests, None: none
 
     @property
     def req_rows(self) -> list[tuple[str, bool]]:
@@ -154,4 +156,5 @@ class StepInputs:
             budget=budget,
             stop_ids=stop_ids,
             return_logprob=bool(batch.return_logprob),
+            max_width=min((c for c in (max_width(r.sampling_params) for r in reqs) if c is not None), default=None),
         )

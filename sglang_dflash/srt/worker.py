@@ -215,7 +215,7 @@ class DFlashWorker(BaseSpecWorker):
             bs, width, stages, end = self._step_cost
             all_in = stages + time.perf_counter() - end
             self.width.observe_cost(bs, width, all_in)
-        W = self.width.choose(len(inp.sampled), sum(inp.sampled), inp.verify_ct, req_rows)
+        W = self.width.choose(len(inp.sampled), sum(inp.sampled), inp.verify_ct, req_rows, inp.max_width)
         block_ids, positions = build_block(inp.anchors, prefix, B, self.mask_token_id)  # [bs, B]
         slots = block_slots(
             self.model_runner.req_to_token_pool.req_to_token, inp.req_pool_indices, prefix, B
