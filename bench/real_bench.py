@@ -34,10 +34,11 @@ clients; with few waves a row measures mostly its ragged tail (requests speculat
 rates finish apart, the last ones decoding at a smaller batch).
 --prompts unseen: kinds of text no training run reads (bench/unseen_set.py --fresh) instead of the
 drafter recipe's held-out prompts.
---inline-w1: every speculating arm's rows run twice in its server lifetime, as is and with each
-request capped at width 1 (`<arm>~w1`, custom_params.dflash_max_width = 1: the same server decoding
-plainly), in ABBA order; `inline_share` = the arm / its twin, free of the server-to-server pace that
-a separate `w1` server's ratio carries (10-15% between lifetimes on a 2-core host).
+--inline-w1: every speculating arm's rows also run with each request capped at width 1 on the same
+server (`<arm>~w1`, custom_params.dflash_max_width = 1: the server decoding plainly), the row's
+requests in 2 x waves parts, each run both ways in ABBA order; `inline_share` = the arm / its twin,
+free of the server-to-server pace a separate `w1` server's ratio carries (10-15% between lifetimes
+on a 2-core host) and of the drift between minutes inside one.
 --tiny: the tiny generated pair of `make serve-tiny` (float32, random prompts, concurrency
 1 / 4 / 16 at temperature 0) instead of the embedded model; appends to bench/results/tiny_bench.jsonl.
 """
@@ -54,7 +55,7 @@ sys.path.insert(0, ROOT)
 
 import provenance  # noqa: E402
 from results_tables import f2, spread, table, widths  # noqa: E402
-from served_row import pct, run, warm_up  # noqa: E402  (peer_bench imports them from here)
+from served_row import pct, run, run_pair, warm_up  # noqa: E402  (peer_bench imports them from here)
 from sglang_dflash.testing.servers import launch  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -179,14 +180,14 @@ def main():
                 for temp, seeded in [(t, s) for t in a.temperatures for s in (seeding if t > 0 else [True])]:
                     for i, c in enumerate(a.concurrency):
                         n = min(len(batch), a.waves * max(c, 2 * c if c < 16 else c, 6))
-                        twin = a.inline_w1 and draft is not None and env.get("SGLANG_DFLASH_WIDTH") != "1"
-                        caps = [None, 1] if twin else [None]
-                        for cap in caps if (rep + i) % 2 == 0 else caps[::-1]:  # ABBA inside the lifetime too
-                            r = {
-                                "config": cfg + ("~w1" if cap else ""),
-                                "repeat": rep,
-                                **run(srv, batch[:n], c, a.max_new_tokens, temp, seeded, a.ignore_eos, cap),
-                            }
+                        args = (srv, batch[:n], c, a.max_new_tokens, temp, seeded, a.ignore_eos)
+                        if a.inline_w1 and draft is not None and env.get("SGLANG_DFLASH_WIDTH") != "1":
+                            pair = run_pair(*args, chunks=2 * a.waves, flip=(rep + i) % 2 == 1)
+                            rows = list(zip([cfg, cfg + "~w1"], pair))
+                        else:
+                            rows = [(cfg, run(*args))]
+                        for name, got in rows:
+                            r = {"config": name, "repeat": rep, **got}
                             print(json.dumps({k: r[k] for k in PROGRESS}), flush=True)
                             runs.append(r)
     baseline = "plain" if "plain" in a.arms else a.arms[0]

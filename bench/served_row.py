@@ -75,10 +75,11 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))] if xs else float("nan")
 
 
-def run(srv, batch, conc, max_new, temp, seeded=True, ignore_eos=False, cap=None):
+def run(srv, batch, conc, max_new, temp, seeded=True, ignore_eos=False, cap=None, first=0):
     """One measured row on a warm server whose prefix cache is flushed first (cap: every request's
-    verify-width cap; 1 = the same server decoding plainly, for an in-lifetime pair)."""
-    seed = (lambda i: i) if seeded else (lambda i: None)
+    verify-width cap, 1 = the same server decoding plainly; first: the first request's index in its
+    row, which seeds it)."""
+    seed = (lambda i: first + i) if seeded else (lambda i: None)
     provenance.flush_cache(srv.url)
     before, st0, w0 = accept_hist(srv.url)
     t = time.perf_counter()
@@ -103,6 +104,31 @@ def run(srv, batch, conc, max_new, temp, seeded=True, ignore_eos=False, cap=None
         "ttft": [o["ttft"] for o in outs],
         "itl": [g for o in outs for g in o["itl"]],
     }
+
+
+def run_pair(srv, batch, conc, max_new, temp, seeded, ignore_eos, chunks: int, flip: bool):
+    """A row as is and capped at width 1 on one server, interleaved: the batch in `chunks` parts, each
+    run both ways in ABBA order (flip: start with the capped one), so the host's drift between
+    minutes loads both alike. -> (the row as is, the row capped), each merged over its parts."""
+    size = -(-len(batch) // chunks)
+    parts: dict = {None: [], 1: []}
+    for i in range(0, len(batch), size):
+        caps = [None, 1] if (i // size + flip) % 2 == 0 else [1, None]
+        for cap in caps:
+            parts[cap].append(run(srv, batch[i : i + size], conc, max_new, temp, seeded, ignore_eos, cap, first=i))
+    return merge(parts[None]), merge(parts[1])
+
+
+def merge(runs: list[dict]) -> dict:
+    """Parts of one row -> the row: tokens over the summed wall time, counts and samples pooled."""
+    out = dict(runs[0], metas=[m for r in runs for m in r["metas"]], wall_s=sum(r["wall_s"] for r in runs))
+    out["requests"] = len(out["metas"])
+    out["tok_s"] = sum(m.get("completion_tokens", 0) for m in out["metas"]) / out["wall_s"]
+    for key in ("hist", "widths", "stage_s"):
+        out[key] = {k: sum(r[key].get(k, 0) for r in runs) for k in {k for r in runs for k in r[key]}}
+    for key in ("ttft", "itl"):
+        out[key] = [x for r in runs for x in r[key]]
+    return out
 
 
 def warm_up(srv, batch, temps):

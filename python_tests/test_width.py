@@ -177,6 +177,24 @@ def test_a_request_cap_bounds_every_mode_to_a_candidate():
     assert {WidthController(16, None, debug_seed=s).choose(8, cap=1) for s in range(20)} == {1}
 
 
+def test_a_capped_stretch_keeps_what_the_controller_learnt():
+    """Steps a request capped to width 1 age nothing; the controller's own width-1 steps do."""
+    sizes = [1, 4, 16]
+    cost = CostTable(sizes, WIDTHS, linear_costs(sizes, WIDTHS))
+    ctl = WidthController(16, cost)
+    simulate(ctl, 0.9, bs=4, steps=200)  # learns a high acceptance: it wants wide steps
+    learnt = ctl.accept[False].expected_tokens()
+    rows = [(k, False) for k in "abcd"]
+    for _ in range(300):
+        assert ctl.choose(4, rows=rows, cap=1) == 1 and ctl.capped
+        ctl.observe_rows(1, rows, [0, 0, 0, 0])
+    assert ctl.accept[False].expected_tokens() == learnt
+    for _ in range(300):
+        ctl.choose(4, rows=rows)  # not capped: a width-1 step ages the counts toward the prior
+        ctl.observe_rows(1, rows, [0, 0, 0, 0])
+    assert ctl.accept[False].expected_tokens()[16] < learnt[16] - 1.0
+
+
 def test_candidates_by_batch_size_bound_the_choice(tmp_path):
     path = tmp_path / "adaptive.json"
     path.write_text(json.dumps({"1": {"candidate_steps": [0, 3, 15]}, "8": {"candidate_steps": [0, 1]}}))

@@ -22,6 +22,8 @@ tokens per request. The controller picks, before each step, the W of a small fix
   wider step measured is kept (not re-learnt by a wide step every few dozen steps). While W = 1
   nothing is observed and all counts age; a probe step at the best W > 1 runs every so often,
   spaced so that a probe that accepts nothing costs at most `probe_budget` of the time.
+- A request may cap the width (`cap`: the widest candidate within it is played); a capped step ages
+  no counts, so what the controller learnt survives a stretch of capped batches.
 """
 
 from __future__ import annotations
@@ -153,6 +155,7 @@ class WidthController:
         self.row_stats: dict = {}  # request key -> its own AcceptanceStats (smoothed toward the pooled)
         self.row_prior, self.widen_margin = row_prior, widen_margin
         self.chosen: Counter = Counter()
+        self.capped = False  # the last step verified fewer rows than chosen: a request capped it
 
     @property
     def mode(self) -> str:
@@ -193,7 +196,8 @@ class WidthController:
         rows [(request key, sampled)] per row (optional): per-request acceptance; cap: the most rows a
         request of the batch lets a step verify (the widest candidate within it, or 1)."""
         w = self.cycle[step % len(self.cycle)] if self.cycle else self._choose(bs, n_sampled, rows)
-        if cap is not None and w > cap:
+        self.capped = cap is not None and w > cap
+        if self.capped:
             w = max(x for x in (1, *self.candidates(bs)) if x <= cap)
         self.chosen[w] += 1
         self.last_choice = (bs, n_sampled)
@@ -243,7 +247,8 @@ class WidthController:
     def observe(self, width: int, accepted_greedy: Sequence[int], accepted_sampled: Sequence[int]) -> None:
         """After a step: drafts accepted per row, split by kind."""
         for sampled, accepted in ((False, accepted_greedy), (True, accepted_sampled)):
-            self.accept[sampled].age(width)
+            if not self.capped:  # a step a request capped says nothing of time passing for the others
+                self.accept[sampled].age(width)
             if accepted and width > 1:
                 self.accept[sampled].update(accepted, width)
 
@@ -257,7 +262,8 @@ class WidthController:
         stats = {}
         for (key, _), a in zip(rows, accepted):
             st = stats[key] = self.row_stats.get(key) or AcceptanceStats(self.block, prior_weight=self.row_prior)
-            st.age(width)
+            if not self.capped:
+                st.age(width)
             if width > 1:
                 st.update([a], width)
         self.row_stats = stats
