@@ -35,8 +35,8 @@ rates finish apart, the last ones decoding at a smaller batch).
 --prompts unseen: kinds of text no training run reads (bench/unseen_set.py --fresh) instead of the
 drafter recipe's held-out prompts.
 --inline-w1: every speculating arm's rows also run with each request capped at width 1 on the same
-server (`<arm>~w1`, custom_params.dflash_max_width = 1: the server decoding plainly), the row's
-requests in 2 x waves parts, each run both ways in ABBA order; `inline_share` = the arm / its twin,
+server (`<arm>~w1`, custom_params.dflash_max_width = 1: the server decoding plainly), one wave of
+the row's requests at a time, each run both ways in ABBA order; `inline_share` = the arm / its twin,
 free of the server-to-server pace a separate `w1` server's ratio carries (10-15% between lifetimes
 on a 2-core host) and of the drift between minutes inside one.
 --tiny: the tiny generated pair of `make serve-tiny` (float32, random prompts, concurrency
@@ -182,7 +182,7 @@ def main():
                         n = min(len(batch), a.waves * max(c, 2 * c if c < 16 else c, 6))
                         args = (srv, batch[:n], c, a.max_new_tokens, temp, seeded, a.ignore_eos)
                         if a.inline_w1 and draft is not None and env.get("SGLANG_DFLASH_WIDTH") != "1":
-                            pair = run_pair(*args, chunks=2 * a.waves, flip=(rep + i) % 2 == 1)
+                            pair = run_pair(*args, chunks=a.waves, flip=(rep + i) % 2 == 1)
                             rows = list(zip([cfg, cfg + "~w1"], pair))
                         else:
                             rows = [(cfg, run(*args))]
