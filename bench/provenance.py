@@ -25,8 +25,7 @@ the bench/checks/ scripts, ops_bench, ...), so two rows are comparable only when
   minutes apart), never a ratio of two means that each hide their own noise. Ratios: `speedup`
   (arm / plain), `cpu_step` (w1 / plain: our step, no speculation), `spec_share` (arm / w1:
   what speculation itself adds) and `inline_share` (arm / its `~w1` twin: the same ratio inside one
-  server lifetime, real_bench.py --inline-w1; `inline_steady` the same over the rows' steady
-  state, while every client was busy).
+  server lifetime, real_bench.py --inline-w1).
 """
 
 from __future__ import annotations
@@ -274,34 +273,24 @@ def summarize(runs: list[dict], keys: tuple[str, ...], baseline: str = "plain") 
         metas = [m for r in rs for m in r["metas"]]
         share = paired(runs, keys, gk[0], "w1").get(gk[1:]) if gk[0] not in ("plain", "w1") else None
         inline = paired(runs, keys, gk[0], gk[0] + "~w1").get(gk[1:])  # real_bench --inline-w1
-        inline_steady = paired(runs, keys, gk[0], gk[0] + "~w1", "tok_s_steady").get(gk[1:])
         out[gk] = {
             "repeats": len(rs),
             **spread("tok_s", [r["tok_s"] for r in rs]),
-            **spread_if("tok_s_steady", [r.get("tok_s_steady") for r in rs]),
             **spread("speedup", ratios),
             **(spread("cpu_step", cpu_step[gk[1:]]) if gk[1:] in cpu_step else {"cpu_step": None}),
             **(spread("spec_share", share) if share else {"spec_share": None}),
             **(spread("inline_share", inline) if inline else {"inline_share": None}),
-            **(spread("inline_steady", inline_steady) if inline_steady else {"inline_steady": None}),
             "tau": tau(metas),
             "tokens": sum(m.get("completion_tokens") or 0 for m in metas),
         }
     return out
 
 
-def spread_if(name: str, xs: list) -> dict:
-    """spread() when every repeat has the value (rows from before it existed do not), else {}."""
-    return spread(name, xs) if xs and all(x is not None for x in xs) else {}
-
-
-def paired(
-    runs: list[dict], keys: tuple[str, ...], num: str, den: str, rate: str = "tok_s"
-) -> dict[tuple, list[float]]:
-    """{cell (the keys' values): [num's rate / den's rate, one per repeat both arms ran it]}."""
-    at = {(r["config"], r["repeat"], *(r[k] for k in keys)): r.get(rate) for r in runs}
+def paired(runs: list[dict], keys: tuple[str, ...], num: str, den: str) -> dict[tuple, list[float]]:
+    """{cell (the keys' values): [num's tok/s / den's tok/s, one per repeat both arms ran it]}."""
+    at = {(r["config"], r["repeat"], *(r[k] for k in keys)): r["tok_s"] for r in runs}
     out: dict[tuple, list[float]] = {}
     for (cfg, rep, *cell), v in at.items():
-        if cfg == num and at.get((den, rep, *cell)) and v is not None:
+        if cfg == num and (den, rep, *cell) in at:
             out.setdefault(tuple(cell), []).append(v / at[(den, rep, *cell)])
     return out

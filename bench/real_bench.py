@@ -38,9 +38,7 @@ drafter recipe's held-out prompts.
 server (`<arm>~w1`, custom_params.dflash_max_width = 1: the server decoding plainly), one wave of
 the row's requests at a time, each run both ways in ABBA order; `inline_share` = the arm / its twin,
 free of the server-to-server pace a separate `w1` server's ratio carries (10-15% between lifetimes
-on a 2-core host) and of the drift between minutes inside one; `inline_steady`, the same over each
-part's steady state (first to last request sent: every client busy), leaves out the drain, where a
-fixed-length row's speculated requests finish apart and the last decode at a smaller batch.
+on a 2-core host) and of the drift between minutes inside one.
 --tiny: the tiny generated pair of `make serve-tiny` (float32, random prompts, concurrency
 1 / 4 / 16 at temperature 0) instead of the embedded model; appends to bench/results/tiny_bench.jsonl.
 """
@@ -204,8 +202,8 @@ def main():
     dirty = " (dirty tree)" if prov["dirty"] else ""
     print(f"run {run_name}{dirty}; {a.repeats} repeats; EOS ignored: {a.ignore_eos}; sched matched: {a.match_sched}")
     head = ["config", "T", "seeded", "conc", "tok/s", "speedup", "cpu step w1/plain", "spec share /w1"]
-    head += ["in-lifetime share", "in-lifetime steady", "tau", "widths"]
-    shares = ("speedup", "cpu_step", "spec_share", "inline_share", "inline_steady")
+    head += ["in-lifetime share", "tau", "widths"]
+    shares = ("speedup", "cpu_step", "spec_share", "inline_share")
     body = [
         [r["config"], f"{r['temperature']:g}", r["seeded"], r["concurrency"], spread(r, "tok_s")]
         + [spread(r, k, f2, "x") if r.get(k) is not None else None for k in shares]

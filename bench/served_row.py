@@ -45,19 +45,7 @@ def stream_one(
                 seen = meta["completion_tokens"]
     ttft = times[0][0] - t0 if times else float("nan")
     gaps = [(b[0] - a[0]) / b[1] for a, b in zip(times, times[1:])]  # per token, chunks may hold several
-    return {"meta": meta, "ttft": ttft, "itl": gaps, "sent": t0, "events": times}
-
-
-def steady(outs: list[dict], conc: int) -> tuple[int, float]:
-    """(tokens, seconds) between a row's first and last request sent: while requests wait, every
-    finished one is replaced at once, so all `conc` clients are busy. The drain after the last send is
-    left out: requests that speculate at different rates finish apart there, and the last ones
-    decode at a smaller batch (a fixed-length row's artifact, not a served load's)."""
-    sent = sorted(o["sent"] for o in outs)
-    if len(sent) <= conc:
-        return 0, 0.0
-    lo, hi = sent[0], sent[-1]
-    return sum(n for o in outs for t, n in o["events"] if lo <= t <= hi), hi - lo
+    return {"meta": meta, "ttft": ttft, "itl": gaps}
 
 
 def accept_hist(url: str) -> tuple[dict[int, float], dict[str, float], dict[int, float]]:
@@ -102,11 +90,7 @@ def run(srv, batch, conc, max_new, temp, seeded=True, ignore_eos=False, cap=None
     wall = time.perf_counter() - t
     after, st1, w1 = accept_hist(srv.url)
     metas = [o["meta"] for o in outs]
-    steady_tokens, steady_s = steady(outs, conc)
     return {
-        "steady_tokens": steady_tokens,
-        "steady_s": steady_s,
-        "tok_s_steady": steady_tokens / steady_s if steady_s else None,
         "concurrency": conc,
         "temperature": temp,
         "seeded": seeded,
@@ -140,8 +124,6 @@ def merge(runs: list[dict]) -> dict:
     out = dict(runs[0], metas=[m for r in runs for m in r["metas"]], wall_s=sum(r["wall_s"] for r in runs))
     out["requests"] = len(out["metas"])
     out["tok_s"] = sum(m.get("completion_tokens", 0) for m in out["metas"]) / out["wall_s"]
-    out["steady_tokens"], out["steady_s"] = (sum(r[k] for r in runs) for k in ("steady_tokens", "steady_s"))
-    out["tok_s_steady"] = out["steady_tokens"] / out["steady_s"] if out["steady_s"] else None
     for key in ("hist", "widths", "stage_s"):
         out[key] = {k: sum(r[key].get(k, 0) for r in runs) for k in {k for r in runs for k in r[key]}}
     for key in ("ttft", "itl"):

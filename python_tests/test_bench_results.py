@@ -65,23 +65,6 @@ def test_inline_share_pairs_an_arm_with_its_capped_twin_in_the_same_repeat():
     assert s[("adaptive~w1", 0.0, True, 1)]["inline_share"] is None and s[("w1", 0.0, True, 1)]["inline_share"] is None
 
 
-def test_steady_state_counts_tokens_while_every_client_is_busy():
-    """served_row.steady: tokens between the first and the last request sent; the drain is left out."""
-    import served_row
-
-    outs = [
-        {"sent": 0.0, "events": [(1.0, 4), (2.0, 4), (3.0, 4)]},
-        {"sent": 0.0, "events": [(1.5, 4), (2.5, 4)]},
-        {"sent": 2.5, "events": [(3.5, 4), (5.0, 4), (9.0, 4)]},  # sent last: the window is [0, 2.5]
-    ]
-    assert served_row.steady(outs, conc=2) == (16, 2.5)
-    assert served_row.steady(outs[:2], conc=2) == (0, 0.0)  # all sent at once: no steady state
-    part = {"metas": [{"completion_tokens": 8}], "wall_s": 2.0, "hist": {1: 2}, "widths": {}, "stage_s": {}}
-    part |= {"ttft": [0.1], "itl": [0.2], "steady_tokens": 6, "steady_s": 1.0}
-    both = served_row.merge([part, {**part, "steady_tokens": 0, "steady_s": 0.0}])
-    assert both["tok_s"] == 4.0 and both["tok_s_steady"] == 6.0 and both["hist"] == {1: 4} and both["requests"] == 2
-
-
 def rows(run, arms, time, **extra):
     """What real_bench.collate writes, reduced to the fields the headline reads."""
     s = provenance.summarize(raw_runs(arms), KEYS)
