@@ -35,6 +35,7 @@ import random
 from collections import Counter
 from typing import Optional, Sequence
 
+from sglang_dflash.pipeline.acceptance import AcceptanceStats, GainCalibration
 from sglang_dflash.pipeline.step_cost import CostTable
 
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
@@ -66,66 +67,6 @@ def load_width_config(path: str, block: int) -> dict:
     return out
 
 
-class AcceptanceStats:
-    """Decaying per-position acceptance counts for one kind of row (greedy or sampled)."""
-
-    def __init__(
-        self,
-        block: int,
-        half_life: float = 32.0,
-        prior_mean: float = 0.6,
-        prior_weight: float = 2.0,
-        unseen_slowdown: float = 8.0,
-    ):
-        self.block = block
-        self.decay = 0.5 ** (1.0 / half_life)
-        self.slow_decay = 0.5 ** (1.0 / (half_life * unseen_slowdown))
-        self.prior = (prior_mean * prior_weight, prior_weight)
-        self.reach = [0.0] * block  # [B] index j: rows whose draft j was verified (1..B-1; 0 unused)
-        self.hits = [0.0] * block  # [B] index j: rows whose draft j was accepted
-
-    def age(self, width: int) -> None:
-        """A step verified drafts 1..width-1: their older evidence weighs less. Positions it did not
-        verify age `unseen_slowdown` times slower, so a narrow width keeps what a wider probe
-        measured for a while (instead of drifting back to the neighbour's estimate within a few
-        dozen steps and paying for a wide step to learn it again) yet still forgets it eventually."""
-        for j in range(1, self.block):
-            d = self.decay if j < width or width == 1 else self.slow_decay
-            self.reach[j] *= d
-            self.hits[j] *= d
-
-    def update(self, accepted: Sequence[int], width: int) -> None:
-        """accepted[i]: drafts accepted by row i in a step verified at `width` (0 .. width-1)."""
-        for a in accepted:
-            for j in range(1, min(a + 1, width - 1) + 1):  # drafts 1..a accepted, draft a+1 seen and rejected
-                self.reach[j] += 1.0
-                self.hits[j] += j <= a
-
-    def conditional(self, prior: Optional[Sequence[float]] = None) -> list[float]:
-        """[B] a_j = P(draft j accepted | drafts before it were); a_0 = 1. Without `prior`, each
-        position is smoothed toward the estimate of the one before it (a_1 toward the prior mean):
-        acceptance runs are correlated, so a position a narrow width has not verified yet looks like
-        its neighbour. With `prior` ([B], one request's stats against the pooled estimate) each
-        position is smoothed toward prior[j]."""
-        mean, weight = self.prior[0] / self.prior[1], self.prior[1]
-        out = [1.0]
-        for j in range(1, self.block):
-            toward = mean if prior is None else prior[j]
-            mean = (self.hits[j] + weight * toward) / (self.reach[j] + weight)
-            out.append(mean)
-        return out
-
-    def expected_tokens(self, prior: Optional[Sequence[float]] = None) -> list[float]:
-        """[B + 1] E(W) = expected tokens committed per row at width W (index 0 unused)."""
-        a, out, run = self.conditional(prior), [0.0, 1.0], 1.0
-        total = 1.0
-        for j in range(1, self.block):
-            run *= a[j]
-            total += run
-            out.append(total)
-        return out
-
-
 class WidthController:
     """Chooses W per step (see module docstring); `fixed` pins it, `debug_seed` draws it at random,
     `cycle` walks a list by step number (tests: a known width sequence)."""
@@ -141,6 +82,7 @@ class WidthController:
         cycle: Optional[Sequence[int]] = None,
         row_prior: float = 4.0,
         widen_margin: float = 0.0,
+        calibrate: bool = True,
     ):
         """widths_for_bs {min_bs: [W, ...]}: the candidates for batches of at least min_bs requests."""
         self.block, self.cost, self.fixed, self.probe_budget = block, cost, fixed, probe_budget
@@ -156,6 +98,9 @@ class WidthController:
         self.row_prior, self.widen_margin = row_prior, widen_margin
         self.chosen: Counter = Counter()
         self.capped = False  # the last step verified fewer rows than chosen: a request capped it
+        self.gain = GainCalibration() if calibrate else None
+        self.last_rows: Optional[list] = None  # [(sampled, E per width)] of the last rates()
+        self.pending: Optional[tuple] = None  # (W, {kind: drafts expected}) of the step chosen last
 
     @property
     def mode(self) -> str:
@@ -187,7 +132,12 @@ class WidthController:
             self.row_stats[key].expected_tokens(a_pool[kind]) if key in self.row_stats else e_pool[kind]
             for key, kind in rows
         ]
-        return {w: sum(e[w] for e in per_row) / max(self.cost(bs, w), 1e-9) for w in self.candidates(bs)}
+        self.last_rows = list(zip([kind for _, kind in rows], per_row))  # uncalibrated: what calibration checks
+        g = {k: self.gain.factor(k) if self.gain else 1.0 for k in (False, True)}
+        return {
+            w: sum(1.0 + g[kind] * (e[w] - 1.0) for kind, e in self.last_rows) / max(self.cost(bs, w), 1e-9)
+            for w in self.candidates(bs)
+        }
 
     def choose(
         self, bs: int, n_sampled: int = 0, step: int = 0, rows: Optional[Sequence] = None, cap: Optional[int] = None
@@ -195,12 +145,16 @@ class WidthController:
         """bs rows, n_sampled of them sampled; step: the first request's verify count (cycle only);
         rows [(request key, sampled)] per row (optional): per-request acceptance; cap: the most rows a
         request of the batch lets a step verify (the widest candidate within it, or 1)."""
+        self.last_rows = None
         w = self.cycle[step % len(self.cycle)] if self.cycle else self._choose(bs, n_sampled, rows)
         self.capped = cap is not None and w > cap
         if self.capped:
             w = max(x for x in (1, *self.candidates(bs)) if x <= cap)
         self.chosen[w] += 1
         self.last_choice = (bs, n_sampled)
+        self.pending = None
+        if self.gain is not None and self.last_rows is not None and w > 1:  # drafts this step expects, by kind
+            self.pending = (w, {k: sum(e[w] - 1.0 for kind, e in self.last_rows if kind == k) for k in (False, True)})
         return w
 
     def trace(self) -> dict:
@@ -215,6 +169,7 @@ class WidthController:
             "correction": {str(w): round(self.cost.factor(w), 3) for w in self.cost.widths} if self.cost else {},
             "e_greedy": e[False],
             "e_sampled": e[True],
+            "gain": [round(self.gain.factor(k), 3) for k in (False, True)] if self.gain else [],
         }
 
     def _choose(self, bs: int, n_sampled: int, rows: Optional[Sequence] = None) -> int:
@@ -246,6 +201,13 @@ class WidthController:
 
     def observe(self, width: int, accepted_greedy: Sequence[int], accepted_sampled: Sequence[int]) -> None:
         """After a step: drafts accepted per row, split by kind."""
+        if self.gain is not None and not self.capped:
+            self.gain.age()
+        if self.pending is not None and self.pending[0] == width:
+            for kind, accepted in ((False, accepted_greedy), (True, accepted_sampled)):
+                if accepted:
+                    self.gain.observe(kind, self.pending[1][kind], sum(accepted))
+        self.pending = None
         for sampled, accepted in ((False, accepted_greedy), (True, accepted_sampled)):
             if not self.capped:  # a step a request capped says nothing of time passing for the others
                 self.accept[sampled].age(width)
