@@ -2,19 +2,25 @@
 (SGLANG_DFLASH_DEBUG_STEP_TRACE=path on the server): steps, tokens committed per step against the
 controller's expectation, all-in seconds per step against its corrected cost, and realized tokens/s.
 
-python bench/width_trace.py [TRACE.jsonl ...]   (default: bench/results/width_trace.jsonl)
-A raw trace is one server's steps; the results file holds several, each row tagged with its
-real_bench `run` and `trace` number, and each is summarized on its own.
+python bench/width_trace.py [TRACE.jsonl ...] [--save-as RUN]   (default: bench/results/width_trace.jsonl)
+A raw trace is one server's steps (or several servers' appended); the results file holds several,
+each row tagged with its real_bench `run` and `trace` number, and each is summarized on its own.
+Rows are split by kind (greedy, sampled or mixed batches) and batch-size bucket. --save-as RUN appends
+the summary rows, tagged with RUN, to bench/results/width_summary.jsonl (raw traces are too large to
+keep). A step whose all-in time exceeds IDLE x its stages (plus 50 ms) spans an idle gap between a
+bench's rows, not a step, and is left out.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 from collections import defaultdict
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "width_trace.jsonl")
+SUMMARY = os.path.join(os.path.dirname(RESULTS), "width_summary.jsonl")
+IDLE = 4.0
 
 
 def load(path: str) -> dict[str, list[dict]]:
@@ -30,7 +36,9 @@ def load(path: str) -> dict[str, list[dict]]:
         # A step's all-in seconds arrive with the next step (its stages + the scheduler until then).
         for a, b in zip(steps, steps[1:]):
             a["all_in"] = b["prev_all_in"]
-        out[name] = [s for s in steps if s.get("all_in") is not None]
+        out[name] = [
+            s for s in steps if s.get("all_in") is not None and s["all_in"] <= IDLE * sum(s["stages"].values()) + 0.05
+        ]
     return out
 
 
@@ -46,12 +54,16 @@ def bucket(bs: int) -> str:
     return "1" if bs == 1 else "2-3" if bs < 4 else "4-7" if bs < 8 else "8-15" if bs < 16 else "16+"
 
 
+def kind(s: dict) -> str:
+    return "greedy" if s["n_sampled"] == 0 else "sampled" if s["n_sampled"] == s["bs"] else "mixed"
+
+
 def summarize(steps: list[dict]) -> list[dict]:
     groups = defaultdict(list)
     for s in steps:
-        groups[(bucket(s["bs"]), s["W"])].append(s)
+        groups[(kind(s), bucket(s["bs"]), s["W"])].append(s)
     rows = []
-    for (b, w), ss in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+    for (k, b, w), ss in sorted(groups.items()):
         n = len(ss)
         tokens = sum(sum(s["commits"]) for s in ss)
         secs = sum(s["all_in"] for s in ss)
@@ -60,6 +72,7 @@ def summarize(steps: list[dict]) -> list[dict]:
         cost = sum(s["cost"].get(str(w), 0.0) for s in ss)
         rows.append(
             {
+                "kind": k,
                 "bs": b,
                 "W": w,
                 "steps": n,
@@ -80,13 +93,21 @@ def summarize(steps: list[dict]) -> list[dict]:
 
 
 def main():
-    traces = {name: steps for path in sys.argv[1:] or [RESULTS] for name, steps in load(path).items()}
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="*")
+    ap.add_argument("--save-as", help="append the summary rows, tagged with this run name, to width_summary.jsonl")
+    a = ap.parse_args()
+    traces = {name: steps for path in a.paths or [RESULTS] for name, steps in load(path).items()}
     for name, steps in traces.items():
         print(f"{name}: {len(steps)} steps, {sum(sum(s['commits']) for s in steps)} tokens")
-        print(" bs     W  steps  rows  tok/step (exp)   ms/step (stages, cost)   tok/s  time share")
-        for r in summarize(steps):
+        print("   kind   bs     W  steps  rows  tok/step (exp)   ms/step (stages, cost)   tok/s  time share")
+        rows = summarize(steps)
+        if a.save_as:
+            with open(SUMMARY, "a") as f:
+                f.writelines(json.dumps({"run": a.save_as, "trace": os.path.basename(name), **r}) + "\n" for r in rows)
+        for r in rows:
             print(
-                f"{r['bs']:>4s} {r['W']:>4d} {r['steps']:>6d} {r['rows']:>5.1f} {r['tok_step']:>6.2f} ({r['exp_tok_step']:>5.2f})"
+                f"{r['kind']:>7s} {r['bs']:>4s} {r['W']:>4d} {r['steps']:>6d} {r['rows']:>5.1f} {r['tok_step']:>6.2f} ({r['exp_tok_step']:>5.2f})"
                 f"   {r['ms_step']:>7.1f} ({r['stage_ms']:>6.1f}, {r['cost_ms']:>6.1f})  {r['tok_s']:>7.1f}  {r['share_s']:>6.1%}"
             )
 

@@ -203,3 +203,23 @@ def test_sampled_walk_table_holds_dflash1_and_dflash2_rows_side_by_side():
     assert "| T1 argmax | T1 q1 | T1 qall | T1 path |" in text
     assert "| parent | unseen (216) | 1.600 | 1.490 | 1.510 | 1.520 | - |" in text
     assert "| dflash2-long | unseen (216) | 1.680 | 1.540 | - | - | 1.580 |" in text
+
+
+def test_width_trace_summary_splits_kinds_and_drops_idle_gaps(tmp_path):
+    """bench/width_trace.py: a step's all-in time arrives with the next step; a gap far longer than
+    the step's stages is an idle wait between rows, not a step; rows are split greedy / sampled."""
+    import width_trace
+
+    def step(prev, w, n_sampled, commits):
+        rates = {str(w): sum(commits) / 0.02}
+        return {"prev_all_in": prev, "W": w, "bs": 2, "n_sampled": n_sampled, "commits": commits,
+                "stages": {"verify": 0.02}, "rates": rates, "cost": {str(w): 0.02}}  # fmt: skip
+
+    steps = [step(None, 2, 0, [2, 1]), step(0.025, 2, 0, [1, 1]), step(3.0, 1, 2, [1, 1]), step(0.021, 1, 2, [1, 1])]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in steps))
+    (only,) = width_trace.load(str(path)).values()
+    assert [s["all_in"] for s in only] == [0.025, 0.021]  # the 3 s gap is left out, the last has no next
+    rows = {(r["kind"], r["W"]): r for r in width_trace.summarize(only)}
+    assert set(rows) == {("greedy", 2), ("sampled", 1)}
+    assert rows[("greedy", 2)]["tok_s"] == pytest.approx(3 / 0.025) and rows[("greedy", 2)]["exp_tok_step"] == 3
