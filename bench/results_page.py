@@ -27,10 +27,10 @@ from results_tables import (  # noqa: E402
     step_profile,
     graphs_bench,
     soak,
-    traces,
     training,
 )
 from results_cpu import cpu_linear, layer_stack, peer_equal_threads  # noqa: E402
+from results_traces import traces, width_summary  # noqa: E402
 import results_headline  # noqa: E402
 from results_gpu_peer import datagen, gpu_check, peer  # noqa: E402
 from results_host import bf16_match, draft_block, profile_table, shared_host, soak_day  # noqa: E402
@@ -85,6 +85,7 @@ def page(head_lines: list[str]) -> str:
     known |= {"scale_out", "step_profile", "cpu_linear", "gpu_check_kernels", "peer_bench", "datagen"} & found_kinds()
     known |= {"graphs_bench", "layer_stack"} & found_kinds()
     known |= {"mutations", "broken_rules", "shared_host", "profile_table", "draft_block", "bf16_match"} & found_kinds()
+    known |= {"width_summary"} & found_kinds()
     found = {os.path.basename(p)[: -len(".jsonl")] for p in glob.glob(os.path.join(RESULTS, "*.jsonl"))}
     assert found == known, (
         f"results files without a section here: {found - known}; sections without a file: {known - found}"
@@ -179,6 +180,11 @@ def page(head_lines: list[str]) -> str:
         "",
         *traces(),
         "",
+        *(
+            ["### By width, kind of batch and batch size (`width_summary.jsonl`)", "", *width_summary()]
+            if "width_summary" in known
+            else []
+        ),
         "## Drafter walks: held-out walk tau, first 128 tokens (`drafter_arms.jsonl`)",
         "",
         *drafter_arms(),

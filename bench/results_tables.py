@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -227,21 +226,6 @@ def micro() -> list[str]:
         head = ["code", "dtype", "context", "repeats", "forward ms (median)", "RoPE ms (median)"]
         out += [f"`{run}`, {about(rs)}:", ""] + table(head, body)
     return out
-
-
-def traces() -> list[str]:
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    from width_trace import load
-
-    body = []
-    for name, steps in load(os.path.join(RESULTS, "width_trace.jsonl")).items():
-        tok, secs = sum(sum(s["commits"]) for s in steps), sum(s["all_in"] for s in steps)
-        share = {}
-        for s in steps:
-            share[s["W"]] = share.get(s["W"], 0) + 1
-        ws = ", ".join(f"{w}: {100 * n / len(steps):.0f}%" for w, n in sorted(share.items()))
-        body.append([f"`{name}`", len(steps), tok, f"{tok / secs:.1f}", ws])
-    return table(["real_bench run, trace", "steps", "tokens", "tok/s (all-in)", "widths (steps)"], body)
 
 
 def scale_out() -> list[str]:
