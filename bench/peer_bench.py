@@ -36,8 +36,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import host_probe  # noqa: E402
 import provenance  # noqa: E402
-from real_bench import heldout_prompts, run, warm_up  # noqa: E402
+from real_bench import heldout_prompts  # noqa: E402
 from results_cpu import equal_threads_table  # noqa: E402
+from served_row import run, warm_up  # noqa: E402
 
 LLAMA_CPP_PYTHON = "0.3.36"
 # GGML_NATIVE: -march=native, the build a CPU user makes for their own machine.

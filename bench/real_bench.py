@@ -55,7 +55,8 @@ sys.path.insert(0, ROOT)
 
 import provenance  # noqa: E402
 from results_tables import f2, spread, table, widths  # noqa: E402
-from served_row import pct, run, run_pair, warm_up  # noqa: E402  (peer_bench imports them from here)
+from served_row import pct, run, run_pair, warm_up  # noqa: E402
+from sglang_dflash import env as dflash_env  # noqa: E402
 from sglang_dflash.testing.servers import launch  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -181,7 +182,7 @@ def main():
                     for i, c in enumerate(a.concurrency):
                         n = min(len(batch), a.waves * max(c, 2 * c if c < 16 else c, 6))
                         args = (srv, batch[:n], c, a.max_new_tokens, temp, seeded, a.ignore_eos)
-                        if a.inline_w1 and draft is not None and env.get("SGLANG_DFLASH_WIDTH") != "1":
+                        if a.inline_w1 and draft is not None and env.get(dflash_env.WIDTH.name) != "1":
                             pair = run_pair(*args, chunks=a.waves, flip=(rep + i) % 2 == 1)
                             rows = list(zip([cfg, cfg + "~w1"], pair))
                         else:

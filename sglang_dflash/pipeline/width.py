@@ -99,8 +99,8 @@ class WidthController:
         self.chosen: Counter = Counter()
         self.capped = False  # the last step verified fewer rows than chosen: a request capped it
         self.gain = GainCalibration() if calibrate else None
-        self.last_rows: Optional[list] = None  # [(sampled, E per width)] of the last rates()
-        self.pending: Optional[tuple] = None  # (W, {kind: drafts expected}) of the step chosen last
+        self.last_rows: Optional[list] = None  # [(sampled, E per width)] of the last rates(), uncalibrated
+        self.last_width = 0  # the width the last choose() returned
 
     @property
     def mode(self) -> str:
@@ -152,10 +152,17 @@ class WidthController:
             w = max(x for x in (1, *self.candidates(bs)) if x <= cap)
         self.chosen[w] += 1
         self.last_choice = (bs, n_sampled)
-        self.pending = None
-        if self.gain is not None and self.last_rows is not None and w > 1:  # drafts this step expects, by kind
-            self.pending = (w, {k: sum(e[w] - 1.0 for kind, e in self.last_rows if kind == k) for k in (False, True)})
+        self.last_width = w
         return w
+
+    @property
+    def pending(self) -> Optional[tuple]:
+        """(W, {kind: drafts expected}) of the step chosen last, what calibration checks it against;
+        None when it was not chosen from rates (pinned, random, cycled) or decodes plainly."""
+        if self.gain is None or self.last_rows is None or self.last_width <= 1:
+            return None
+        w = self.last_width
+        return w, {k: sum(e[w] - 1.0 for kind, e in self.last_rows if kind == k) for k in (False, True)}
 
     def trace(self) -> dict:
         """The last choice's inputs, for the step trace (SGLANG_DFLASH_DEBUG_STEP_TRACE)."""
@@ -203,11 +210,12 @@ class WidthController:
         """After a step: drafts accepted per row, split by kind."""
         if self.gain is not None and not self.capped:
             self.gain.age()
-        if self.pending is not None and self.pending[0] == width:
+        pending = self.pending
+        if pending is not None and pending[0] == width:
             for kind, accepted in ((False, accepted_greedy), (True, accepted_sampled)):
                 if accepted:
-                    self.gain.observe(kind, self.pending[1][kind], sum(accepted))
-        self.pending = None
+                    self.gain.observe(kind, pending[1][kind], sum(accepted))
+        self.last_rows = None  # observed once
         for sampled, accepted in ((False, accepted_greedy), (True, accepted_sampled)):
             if not self.capped:  # a step a request capped says nothing of time passing for the others
                 self.accept[sampled].age(width)
